@@ -1,0 +1,107 @@
+"""Masked-sparse ops: the explicit form of weight masking in a compiled graph.
+
+Each op computes its dense counterpart on ``torch.where(mask, weight, 0)``. The select (not a
+multiply) means NaN or Inf stored at pruned positions cannot leak into outputs, and autograd of
+``where`` gives the masked weight gradient ``where(mask, grad, 0)``: pruned gradients are exactly 0.
+
+Lowering finds these ops by target (see ``MASKED_OPS``)::
+
+    >>> w, m = torch.ones(2, 3), torch.tensor([[True, False, True], [False, True, False]])
+    >>> masked_linear(torch.ones(1, 3), w, m)
+    tensor([[2., 1.]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "apply_mask",
+    "masked_linear",
+    "masked_matmul",
+    "masked_addmm",
+    "masked_conv1d",
+    "masked_conv2d",
+    "masked_module_call",
+    "MASKED_OPS",
+    "WEIGHT_ARG",
+]
+
+
+def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
+    """``weight`` with pruned positions selected to 0 (gradient flows only to kept positions)."""
+    return torch.where(mask, weight, 0.0)
+
+
+def masked_linear(input: Tensor, weight: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` with a masked weight shaped [out, in]."""
+    return F.linear(input, apply_mask(weight, mask), bias)
+
+
+def masked_matmul(input: Tensor, weight: Tensor, mask: Tensor, weight_first: bool = False) -> Tensor:
+    """``input @ weight`` (or ``weight @ input`` when ``weight_first``) with a masked weight."""
+    w = apply_mask(weight, mask)
+    return torch.matmul(w, input) if weight_first else torch.matmul(input, w)
+
+
+def masked_addmm(
+    bias: Tensor, input: Tensor, weight: Tensor, mask: Tensor, beta: float = 1, alpha: float = 1
+) -> Tensor:
+    """``torch.addmm(bias, input, weight)`` with a masked weight shaped [in, out] (GPT-2 Conv1D style)."""
+    return torch.addmm(bias, input, apply_mask(weight, mask), beta=beta, alpha=alpha)
+
+
+def masked_conv1d(
+    input: Tensor,
+    weight: Tensor,
+    mask: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: int | str | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+) -> Tensor:
+    """``F.conv1d`` with a masked weight shaped [out, in/groups, k]."""
+    return F.conv1d(input, apply_mask(weight, mask), bias, stride, padding, dilation, groups)
+
+
+def masked_conv2d(
+    input: Tensor,
+    weight: Tensor,
+    mask: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: int | str | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+) -> Tensor:
+    """``F.conv2d`` with a masked weight shaped [out, in/groups, kh, kw]."""
+    return F.conv2d(input, apply_mask(weight, mask), bias, stride, padding, dilation, groups)
+
+
+def masked_module_call(
+    module: nn.Module, masks: Mapping[str, Tensor], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """Call a leaf module whose own parameters named in ``masks`` are replaced by their masked form.
+
+    This is the generic form for leaf modules the rewrite has no named op for
+    (``nn.MultiheadAttention``, ``nn.Bilinear`` ...).
+    """
+    params = {name: apply_mask(getattr(module, name), mask) for name, mask in masks.items()}
+    return torch.func.functional_call(module, params, args, dict(kwargs))
+
+
+# op -> index of its weight argument; lowering and accounting find sparse ops through this table.
+WEIGHT_ARG: dict[Callable[..., Any], int] = {
+    masked_linear: 1,
+    masked_matmul: 1,
+    masked_addmm: 2,
+    masked_conv1d: 1,
+    masked_conv2d: 1,
+}
+MASKED_OPS: frozenset[Callable[..., Any]] = frozenset(WEIGHT_ARG) | {apply_mask, masked_module_call}
