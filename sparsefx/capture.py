@@ -1,0 +1,260 @@
+"""nn.Module -> graph. The only module that knows torch.fx and torch.export quirks.
+
+``capture`` tries, in order:
+
+1. ``torch.fx.symbolic_trace``: fast, keeps ``nn.Linear``/``nn.Conv*`` as module calls.
+   Parameters with a default that the example inputs do not supply are traced as constants, so
+   ``if mask is not None:`` takes the branch the caller will really take.
+2. ``torch.export`` (non-strict, dynamic dims where the model allows): handles shape-dependent
+   control flow, item assignment, keyword arguments and dataclass outputs. Needs example inputs.
+3. Partial capture: when the root's own forward cannot be captured (value-dependent Python control
+   flow), the root keeps running eagerly and each child with parameters is captured on its own,
+   recursively, with the inputs it received in one eager run.
+
+Parameter and buffer names always stay the original fully qualified names::
+
+    >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    >>> cap.method, [n for n, _ in cap.root.named_parameters()]
+    ('fx', ['0.weight', '0.bias'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import inspect
+import io
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx, nn
+
+from .errors import CaptureError
+
+__all__ = ["Captured", "capture", "CAPTURE_METHODS"]
+
+CAPTURE_METHODS = ("auto", "fx", "export")
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass
+class Captured:
+    """What ``capture`` produced.
+
+    ``root`` is the module to run: a GraphModule for ``fx``/``export``, or a shallow copy of the
+    model whose captured children are GraphModules for ``partial``. ``graphs`` maps each captured
+    module's path ("" for the root) to its GraphModule; ``inputs`` holds the example inputs each
+    graph saw, when known. ``log`` says why each method was or was not used.
+    """
+
+    root: nn.Module
+    method: str
+    graphs: dict[str, fx.GraphModule]
+    inputs: dict[str, Inputs] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+
+
+def capture(
+    model: nn.Module,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    method: str = "auto",
+) -> Captured:
+    """Capture ``model`` into graphs, keeping parameter names. See the module docstring."""
+    if method not in CAPTURE_METHODS:
+        raise CaptureError(f"capture method {method!r} is not one of {', '.join(CAPTURE_METHODS)}")
+    kwargs = dict(kwargs or {})
+    has_inputs = bool(args or kwargs)
+    log: list[str] = []
+    if method in ("auto", "fx"):
+        gm, why = _try_fx(model, args, kwargs)
+        if gm is not None:
+            return Captured(gm, "fx", {"": gm}, {"": (args, kwargs)} if has_inputs else {}, log)
+        log.append(f"fx: {why}")
+        if method == "fx":
+            raise CaptureError(f"torch.fx.symbolic_trace failed on {type(model).__name__}: {why}")
+    if not has_inputs:
+        raise CaptureError(
+            f"torch.fx.symbolic_trace failed on {type(model).__name__} ({why}); the torch.export "
+            "fallback needs example inputs: pass example_inputs=(x,) (and example_kwargs=...)"
+        )
+    gm, why = _try_export(model, args, kwargs)
+    if gm is not None:
+        return Captured(gm, "export", {"": gm}, {"": (args, kwargs)}, log)
+    log.append(f"export: {why}")
+    if method == "export":
+        raise CaptureError(f"torch.export failed on {type(model).__name__}: {why}")
+    return _capture_partial(model, args, kwargs, log)
+
+
+# --------------------------------------------------------------------------------------------- fx
+
+
+def _try_fx(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str]:
+    concrete = _unsupplied_defaults(model, args, kwargs)
+    try:
+        gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+    except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError, AttributeError ...
+        return None, _one_line(exc)
+    return gm, ""
+
+
+def _unsupplied_defaults(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Forward parameters with defaults that the example inputs leave out: trace them as constants."""
+    params = list(inspect.signature(model.forward).parameters.values())
+    concrete = {}
+    for i, p in enumerate(params):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is p.empty:
+            continue
+        supplied = p.name in kwargs or (i < len(args) and p.kind != p.KEYWORD_ONLY)
+        if not supplied:
+            concrete[p.name] = p.default
+    return concrete
+
+
+# ----------------------------------------------------------------------------------------- export
+
+
+def _try_export(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str]:
+    """Export with dynamic dims where the model allows them, else with static shapes."""
+    hook = model.register_forward_hook(_register_output_dataclasses)
+    try:
+        errors = []
+        for dynamic in (_auto_dims(model, args, kwargs), None):
+            try:
+                with _quiet_torch_logs():
+                    ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+                return ep.module(), ""
+            except Exception as exc:  # export raises many unrelated types
+                errors.append(_one_line(exc))
+        return None, errors[-1]
+    finally:
+        hook.remove()
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """A failed export prints its partial graph to stderr and logs warnings; keep only our one-line log."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _auto_dims(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """``Dim.AUTO`` on every dim of every tensor input, keyed by forward parameter name."""
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    auto = torch.export.Dim.AUTO
+    spec: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        spec[name] = pytree.tree_map(
+            lambda v: {d: auto for d in range(v.dim())} if isinstance(v, torch.Tensor) else None, value
+        )
+    return spec
+
+
+def _register_output_dataclasses(module: nn.Module, inputs: Any, output: Any) -> None:
+    """Forward hook: make dataclass outputs (Hugging Face style) known to pytree before export flattens."""
+    for obj in _walk(output):
+        cls = type(obj)
+        if dataclasses.is_dataclass(obj) and cls not in pytree.SUPPORTED_NODES:
+            torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+
+
+def _walk(obj: Any) -> Iterator[Any]:
+    yield obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _walk(getattr(obj, f.name))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _walk(v)
+
+
+# ---------------------------------------------------------------------------------------- partial
+
+
+def _capture_partial(model: nn.Module, args: tuple, kwargs: dict, log: list[str]) -> Captured:
+    """Keep the root eager; capture each child with parameters on its own, recursively."""
+    seen = _record_child_inputs(model, args, kwargs, log)
+    root, graphs, inputs = _capture_children(model, "", seen, log)
+    if not graphs:
+        raise CaptureError(
+            f"could not capture {type(model).__name__} or any of its children; tried: " + " | ".join(log)
+        )
+    log.append(f"partial: root runs eagerly; captured {', '.join(sorted(graphs))}")
+    return Captured(root, "partial", graphs, inputs, log)
+
+
+def _capture_children(
+    module: nn.Module, prefix: str, seen: dict[str, Inputs], log: list[str]
+) -> tuple[nn.Module, dict[str, fx.GraphModule], dict[str, Inputs]]:
+    shell = copy.copy(module)
+    shell._modules = dict(module._modules)
+    graphs: dict[str, fx.GraphModule] = {}
+    inputs: dict[str, Inputs] = {}
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if not any(True for _ in child.parameters()):
+            continue
+        child_args, child_kwargs = seen.get(path, ((), {}))
+        gm, why = _try_fx(child, child_args, child_kwargs)
+        if gm is None and path in seen:
+            gm, why = _try_export(child, child_args, child_kwargs)
+        if gm is not None:
+            shell._modules[name] = gm
+            graphs[path] = gm
+            if path in seen:
+                inputs[path] = seen[path]
+            continue
+        log.append(f"{path}: {why}")
+        sub, sub_graphs, sub_inputs = _capture_children(child, f"{path}.", seen, log)
+        shell._modules[name] = sub
+        graphs.update(sub_graphs)
+        inputs.update(sub_inputs)
+    return shell, graphs, inputs
+
+
+def _record_child_inputs(model: nn.Module, args: tuple, kwargs: dict, log: list[str]) -> dict[str, Inputs]:
+    """Run the model once and keep the first inputs each submodule received."""
+    seen: dict[str, Inputs] = {}
+    handles = []
+    for path, sub in model.named_modules():
+        if not path:
+            continue
+
+        def hook(mod: nn.Module, a: tuple, kw: dict, path: str = path) -> None:
+            seen.setdefault(path, (a, kw))
+
+        handles.append(sub.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as exc:
+        log.append(f"eager run to record child inputs failed: {_one_line(exc)}")
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
