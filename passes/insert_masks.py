@@ -1,0 +1,88 @@
+"""Pass: give every selected parameter a persistent bool ``<param>_mask`` buffer on its owning module.
+
+The mask comes from the parameter's decision (level at step 0, ``init_method``, derived seed,
+balance groups). Owning modules shared with the user's model are replaced by shallow copies that
+hold the same ``Parameter`` objects, so the user's model gains no buffers. A mask that already
+exists is kept: running the pass twice changes nothing::
+
+    >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 4))
+    >>> plan = load_config(0.5).resolve(gm.named_parameters())
+    >>> gm = SelectSparseParams(plan)(gm).graph_module
+    >>> int(InsertMasks()(gm).graph_module.weight_mask.sum())
+    8
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+
+from sparsefx.config import load_config  # noqa: F401  (doctest)
+from sparsefx.sparse.init import make_mask
+
+from .manager import PassResult
+from .select_params import SELECTED, SelectSparseParams  # noqa: F401  (doctest)
+
+__all__ = ["InsertMasks", "mask_name", "own_module"]
+
+
+def mask_name(param_path: str) -> str:
+    """``"fc.weight"`` -> ``"fc.weight_mask"``."""
+    return f"{param_path}_mask"
+
+
+@dataclass(frozen=True)
+class InsertMasks:
+    """Register ``<param>_mask`` buffers for the parameters ``select-sparse-params`` marked."""
+
+    name: str = "insert-masks"
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        inserted = []
+        for local, decision in gm.meta.get(SELECTED, {}).items():
+            owner_path, _, pname = local.rpartition(".")
+            if hasattr(gm.get_submodule(owner_path), f"{pname}_mask"):
+                continue
+            owner = own_module(gm, owner_path)
+            weight = getattr(owner, pname)
+            with torch.no_grad():
+                mask = make_mask(
+                    weight,
+                    decision.sparsity,
+                    decision.init_method,
+                    seed=decision.seed,
+                    balance_out_groups=decision.balance_out_groups,
+                    balance_in_groups=decision.balance_in_groups,
+                )
+            owner.register_buffer(f"{pname}_mask", mask, persistent=True)
+            inserted.append(mask_name(local))
+        return PassResult(gm, modified=bool(inserted), info={"inserted": inserted})
+
+
+def own_module(root: nn.Module, path: str) -> nn.Module:
+    """The module at ``path``, after replacing it and its ancestors by copies private to ``root``.
+
+    A copy has its own parameter, buffer and child dicts but the same ``Parameter`` objects, so
+    training still updates the user's parameters while new buffers land only in ``root``.
+    """
+    module = root
+    for part in path.split(".") if path else []:
+        child = module._modules[part]
+        if not getattr(child, "_sparsefx_private", False):
+            child = _private_copy(child)
+            module._modules[part] = child
+        module = child
+    return module
+
+
+def _private_copy(module: nn.Module) -> nn.Module:
+    clone = copy.copy(module)
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    clone._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
+    clone._modules = dict(module._modules)
+    clone._sparsefx_private = True
+    return clone
