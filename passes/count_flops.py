@@ -1,0 +1,181 @@
+"""Pass: count forward FLOPs (2 x MACs) per node, dense and sparse, as sympy expressions.
+
+Sparse ops cost ``2 * nnz * rows``; matmuls between activations (attention scores and values)
+stay dense, and so do layers that are not sparsified. Embedding lookups and elementwise ops are
+not counted: the figures follow the matmul-only convention of published FLOP counts.
+``gm.meta["sparsefx.flops"]`` holds a ``NodeFlops`` per counted node::
+
+    >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 3))
+    >>> gm = CountFlops()(PropagateShapes(((torch.randn(8, 4),), {}))(gm).graph_module).graph_module
+    >>> gm.meta["sparsefx.flops"][0].dense
+    24*batch
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from sparsefx import ops
+from sparsefx.sparse.init import keep_count
+
+from .manager import PassResult
+from .shape_prop import PropagateShapes, sym_expr  # noqa: F401  (doctest)
+
+__all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz"]
+
+FLOPS = "sparsefx.flops"
+aten = torch.ops.aten
+
+_MATMULS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, aten.mm.default, aten.bmm.default,
+            aten.matmul.default}
+_ADDMMS = {torch.addmm, torch.baddbmm, aten.addmm.default, aten.baddbmm.default}
+_LINEARS = {F.linear, aten.linear.default}
+_CONVS = {F.conv1d, F.conv2d, F.conv3d, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
+          aten.convolution.default}
+_SDPA = {F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default}
+_VIEWS = {"t", "transpose", "permute", "view", "reshape", "contiguous"}
+
+
+@dataclass(frozen=True)
+class NodeFlops:
+    """Forward FLOPs of one node; ``param`` names the sparse weight it reads, if any."""
+
+    node: str
+    op: str
+    param: str | None
+    dense: sympy.Expr
+    sparse: sympy.Expr
+
+
+@dataclass(frozen=True)
+class CountFlops:
+    """Write ``gm.meta["sparsefx.flops"]``; needs ``propagate-shapes`` to have run with inputs."""
+
+    name: str = "count-flops"
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        rows: list[NodeFlops] = []
+        density: dict[fx.Node, sympy.Expr] = {}
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is ops.apply_mask:
+                density[node] = _density(gm, node.args[1])
+                continue
+            if _is_view(node) and node.args and node.args[0] in density:
+                density[node] = density[node.args[0]]
+                continue
+            row = _count(gm, node, density)
+            if row is not None:
+                rows.append(row)
+        gm.meta[FLOPS] = tuple(rows)
+        return PassResult(gm, modified=False, info={"counted": len(rows)})
+
+
+def _count(gm: fx.GraphModule, node: fx.Node, density: dict) -> NodeFlops | None:
+    out = node.meta.get("val")
+    if not isinstance(out, torch.Tensor):
+        return None
+    if node.op == "call_function" and node.target in ops.WEIGHT_ARG:
+        return _masked(gm, node, out)
+    dense = _dense(gm, node, out)
+    if dense is None:
+        return None
+    scale = next((density[a] for a in node.args if isinstance(a, fx.Node) and a in density), sympy.Integer(1))
+    return NodeFlops(node.name, _op_name(node), None, dense, sympy.expand(dense * scale))
+
+
+def _masked(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> NodeFlops:
+    w_node = node.args[ops.WEIGHT_ARG[node.target]]
+    weight = _attr(gm, w_node.target)
+    mask = _attr(gm, node.args[ops.WEIGHT_ARG[node.target] + 1].target)
+    numel, nnz = weight.numel(), mask_nnz(mask, _decision(gm, str(w_node.target)))
+    if node.target is ops.masked_addmm:
+        rows = _numel(gm, node.args[1].meta["val"]) / weight.shape[0]
+    elif node.target is ops.masked_matmul:
+        x = node.args[0].meta["val"]
+        k = weight.shape[-1] if node.args[3] else weight.shape[-2]
+        rows = _numel(gm, x) / k
+    elif node.target is ops.masked_linear:
+        rows = _numel(gm, out) / weight.shape[0]
+    else:  # convolutions: every output position of every output channel
+        rows = _numel(gm, out) / weight.shape[0]
+    param = w_node.meta.get("sparsefx.param", str(w_node.target))
+    return NodeFlops(node.name, node.target.__name__, param, 2 * numel * rows, 2 * nnz * rows)
+
+
+def mask_nnz(mask: torch.Tensor, decision: Any = None) -> int:
+    """Kept entries of ``mask``; on the meta device, the count the decision's level implies."""
+    if mask.device.type != "meta":
+        return int(mask.sum())
+    return keep_count(mask.numel(), decision.sparsity) if decision is not None else mask.numel()
+
+
+def _decision(gm: fx.GraphModule, weight_path: str) -> Any:
+    return gm.meta.get("sparsefx.selected", {}).get(weight_path)
+
+
+def _dense(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> sympy.Expr | None:
+    args = node.args
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if isinstance(mod, nn.Linear):
+            return 2 * _numel(gm, out) * mod.in_features
+        if isinstance(mod, nn.modules.conv._ConvNd):
+            return 2 * _numel(gm, out) * (mod.weight.numel() // mod.out_channels)
+        return None
+    fn = node.target if node.op == "call_function" else None
+    if fn in _MATMULS or (node.op == "call_method" and node.target in ("matmul", "mm", "bmm", "__matmul__")):
+        return 2 * _numel(gm, out) * _size(gm, args[0], -1)
+    if fn in _ADDMMS:
+        return 2 * _numel(gm, out) * _size(gm, args[1], -1)
+    if fn in _LINEARS:
+        return 2 * _numel(gm, out) * _size(gm, args[1], -1)
+    if fn in _CONVS:
+        w = args[1].meta["val"]
+        return 2 * _numel(gm, out) * (math.prod(w.shape[1:]))
+    if fn in _SDPA:
+        q, k, v = (a.meta["val"] for a in args[:3])
+        rows = _numel(gm, q) / sym_expr(gm, q.shape[-1])
+        s = sym_expr(gm, k.shape[-2])
+        return sympy.expand(2 * rows * s * (sym_expr(gm, q.shape[-1]) + sym_expr(gm, v.shape[-1])))
+    return None
+
+
+def _density(gm: fx.GraphModule, mask_node: fx.Node) -> sympy.Expr:
+    mask = _attr(gm, mask_node.target)
+    nnz = mask_nnz(mask, _decision(gm, str(mask_node.target)[: -len("_mask")]))
+    return sympy.Rational(nnz, max(1, mask.numel()))
+
+
+def _is_view(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in _VIEWS
+    return node.op == "call_function" and getattr(node.target, "__name__", "") in _VIEWS
+
+
+def _numel(gm: fx.GraphModule, t: torch.Tensor) -> sympy.Expr:
+    return sympy.Mul(*[sym_expr(gm, d) for d in t.shape])
+
+
+def _size(gm: fx.GraphModule, node: Any, dim: int) -> sympy.Expr:
+    return sym_expr(gm, node.meta["val"].shape[dim])
+
+
+def _attr(gm: nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return f"call_module:{node.target}"
+    return getattr(node.target, "__name__", str(node.target))

@@ -1,0 +1,125 @@
+"""Pass: propagate fake tensors through the graph, with symbolic batch and sequence dims.
+
+Every node gets ``node.meta["val"]`` (a FakeTensor, or a tuple of them). Batch (dim 0 of every
+input) and sequence (dim 1 of token ids ``[B, T]`` and of ``[B, T, D]`` inputs) are symbolic where
+the model allows, so the accounting pass can give FLOPs as sympy expressions in ``batch`` and
+``seq``. ``gm.meta["sparsefx.symbols"]`` maps the shape environment's symbols to those names.
+No real compute runs and no memory is spent on activations::
+
+    >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 3))
+    >>> gm = PropagateShapes(((torch.randn(8, 4),), {}))(gm).graph_module
+    >>> [[sym_expr(gm, d) for d in n.meta["val"].shape] for n in gm.graph.nodes if n.op == "call_function"]
+    [[batch, 3]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from .manager import PassResult
+
+__all__ = ["PropagateShapes", "BATCH", "SEQ", "SHAPE_ENV", "SYMBOLS", "SYMBOL_VALUES", "sym_expr"]
+
+BATCH = sympy.Symbol("batch", positive=True, integer=True)
+SEQ = sympy.Symbol("seq", positive=True, integer=True)
+SHAPE_ENV = "sparsefx.shape_env"
+SYMBOLS = "sparsefx.symbols"
+SYMBOL_VALUES = "sparsefx.symbol_values"
+
+
+@dataclass(frozen=True)
+class PropagateShapes:
+    """Fill ``node.meta["val"]`` from example ``(args, kwargs)``; a no-op when there are none."""
+
+    inputs: tuple[tuple[Any, ...], dict[str, Any]] | None
+    name: str = "propagate-shapes"
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        if self.inputs is None:
+            gm.meta["sparsefx.shapes"] = "none: no example inputs"
+            return PassResult(gm, modified=False)
+        args, kwargs = self.inputs
+        for symbolic in (True, False):
+            try:
+                self._run(gm, args, kwargs, symbolic)
+                gm.meta["sparsefx.shapes"] = "symbolic" if symbolic else "static"
+                return PassResult(gm, modified=False)
+            except Exception as exc:  # symbolic shapes can hit guards a model was not written for
+                gm.meta["sparsefx.shapes"] = f"failed: {type(exc).__name__}: {exc}"
+        return PassResult(gm, modified=False)
+
+    def _run(self, gm: fx.GraphModule, args: tuple, kwargs: dict, symbolic: bool) -> None:
+        env = ShapeEnv() if symbolic else None
+        mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+        names: dict[sympy.Symbol, sympy.Symbol] = {}
+        values: dict[sympy.Symbol, int] = {}
+        fake_args, fake_kwargs = pytree.tree_map(
+            lambda v: _fake(mode, v, names, values, symbolic), (args, kwargs)
+        )
+        flat = _flat_inputs(gm, fake_args, fake_kwargs)
+        with mode, torch.no_grad():
+            _Recorder(gm).run(*flat)
+        gm.meta[SHAPE_ENV] = env
+        gm.meta[SYMBOLS] = names
+        gm.meta[SYMBOL_VALUES] = values
+
+
+class _Recorder(fx.Interpreter):
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if n.op not in ("output",):
+            n.meta["val"] = result
+        return result
+
+
+def _fake(mode: FakeTensorMode, value: Any, names: dict, values: dict, symbolic: bool) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    dynamic = [DimDynamic.STATIC] * value.dim()
+    if symbolic and value.dim() >= 1:
+        dynamic[0] = DimDynamic.DYNAMIC
+        if _has_seq_dim(value):
+            dynamic[1] = DimDynamic.DYNAMIC
+    ctx = StatelessSymbolicContext(dynamic_sizes=dynamic)
+    fake = mode.from_tensor(value, symbolic_context=ctx) if symbolic else mode.from_tensor(value)
+    for dim, label in ((0, BATCH), (1, SEQ)):
+        if dim < fake.dim() and isinstance(fake.shape[dim], torch.SymInt):
+            expr = fake.shape[dim].node.expr
+            if isinstance(expr, sympy.Symbol):
+                names[expr] = label
+                values.setdefault(label, int(value.shape[dim]))
+    return fake
+
+
+def _has_seq_dim(t: torch.Tensor) -> bool:
+    """Token ids [B, T], or activations [B, T, D]."""
+    return (t.dim() == 2 and not t.is_floating_point()) or t.dim() == 3
+
+
+def _flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
+    """Placeholders in graph order: positional args, then kwargs by placeholder name (export flattens them)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = list(args)
+    for node in placeholders[len(args) :]:
+        key = str(node.target).lstrip("*")
+        values.append(kwargs.get(key, node.args[0] if node.args else None))
+    return pytree.tree_leaves(values) if len(values) != len(placeholders) else values
+
+
+def sym_expr(gm: fx.GraphModule, value: Any) -> sympy.Expr:
+    """A size (int or SymInt) as a sympy expression in ``batch`` and ``seq``."""
+    if isinstance(value, torch.SymInt):
+        env: ShapeEnv | None = gm.meta.get(SHAPE_ENV)
+        expr = value.node.expr
+        if env is not None:
+            expr = env.replace(expr)
+        return sympy.sympify(expr).xreplace(gm.meta.get(SYMBOLS, {}))
+    return sympy.Integer(int(value))
