@@ -453,9 +453,10 @@ def _parse_mapping(data: Mapping[Any, Any], path: str) -> SparsityConfig:
     _check_string_keys(data, path)
     others = [key for key in data if key != "sparsity"]
     has_group_keys = any(key in GROUP_KEYS for key in others)
-    if "sparsity" in data and not has_group_keys and (others or _is_section(data["sparsity"])):
+    in_params_file = any(key in PARAMS_FILE_SECTIONS for key in others)
+    if "sparsity" in data and not has_group_keys and (in_params_file or _is_section(data["sparsity"])):
         return _parse_section(data["sparsity"], path)
-    if "sparsity" not in data and not has_group_keys and any(key in PARAMS_FILE_SECTIONS for key in data):
+    if "sparsity" not in data and not has_group_keys and in_params_file:
         raise ConfigError(
             f"{path}: no sparsity settings found (a params file needs a 'sparsity' section); "
             f"valid keys: {', '.join(GROUP_KEYS)}"

@@ -252,7 +252,7 @@ class Polynomial(Schedule):
     power: float = 3.0
 
     def __call__(self, step: int) -> float:
-        if step < self.begin:
+        if step <= self.begin:
             return self.init
         if step >= self.end:
             return self.final
