@@ -125,6 +125,11 @@ class ParamFilter:
             raise ConfigError(f"param filter kind {self.kind!r} is not one of {', '.join(FILTER_KINDS)}")
         if self.kind == "callable" and not callable(self.fn):
             raise ConfigError(f"a callable param filter needs a callable fn, got {short_repr(self.fn)}")
+        for pattern in self.patterns:
+            if self.kind == "regex":
+                _check_regex(pattern, "param filter")
+            else:
+                _check_glob(pattern, "param filter")
 
     def matches(self, name: str, param: Any) -> bool:
         """True when this filter selects ``name``."""
@@ -693,13 +698,17 @@ def _parse_overrides(value: Any, path: str) -> dict[str, Any]:
 
 
 def _regex_filter(pattern: Any, path: str) -> ParamFilter:
+    _check_regex(pattern, path)
+    return ParamFilter("regex", (pattern,))
+
+
+def _check_regex(pattern: Any, path: str) -> None:
     if not isinstance(pattern, str):
         raise ConfigError(f"{path}: expected a regex string, got {short_repr(pattern)}")
     try:
         re.compile(pattern)
     except Exception as exc:  # re.error, and RecursionError/OverflowError on pathological patterns
         raise ConfigError(f"{path}: invalid regex {short_repr(pattern)}: {exc}") from None
-    return ParamFilter("regex", (pattern,))
 
 
 def _check_glob(glob: Any, path: str) -> None:

@@ -573,6 +573,10 @@ def test_direct_construction_checks():
         SparsityConfig(())
     with _raises("param filter kind 'fnmatch'"):
         ParamFilter("fnmatch")
+    with _raises("param filter: invalid regex '(x'"):
+        ParamFilter("regex", ("(x",))
+    with _raises("param filter: expected a glob string, got 3"):
+        ParamFilter("glob", (3,))
 
 
 # --- error messages ----------------------------------------------------------------------------------------
