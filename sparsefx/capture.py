@@ -124,6 +124,7 @@ def _unsupplied_defaults(model: nn.Module, args: tuple, kwargs: dict) -> dict[st
 
 def _try_export(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str]:
     """Export with dynamic dims where the model allows them, else with static shapes."""
+    args, kwargs = _unalias(args, kwargs)
     hook = model.register_forward_hook(_register_output_dataclasses)
     try:
         errors = []
@@ -137,6 +138,21 @@ def _try_export(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphMo
         return None, errors[-1]
     finally:
         hook.remove()
+
+
+def _unalias(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Copy example tensors that repeat (``labels=input_ids``): export would wire both inputs to one."""
+    seen: set[int] = set()
+
+    def fresh(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        if id(v) in seen:
+            return v.clone()
+        seen.add(id(v))
+        return v
+
+    return pytree.tree_map(fresh, (args, kwargs))
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ for each named parameter, whether it is sparse, at what level and why::
 from __future__ import annotations
 
 import difflib
+import functools
 import fnmatch
 import hashlib
 import numbers
@@ -216,14 +217,18 @@ class SparsityPlan:
     def dense(self) -> dict[str, ParamDecision]:
         return {d.name: d for d in self.decisions if not d.sparse}
 
+    @functools.cached_property
+    def _index(self) -> dict[str, ParamDecision]:
+        return {d.name: d for d in self.decisions}
+
     def __getitem__(self, name: str) -> ParamDecision:
-        for decision in self.decisions:
-            if decision.name == name:
-                return decision
-        raise KeyError(f"no parameter named {name!r} in this plan")
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KeyError(f"no parameter named {name!r} in this plan") from None
 
     def __contains__(self, name: object) -> bool:
-        return any(d.name == name for d in self.decisions)
+        return name in self._index
 
     def __iter__(self) -> Iterator[ParamDecision]:
         return iter(self.decisions)
@@ -246,13 +251,25 @@ class SparsityConfig:
             raise ConfigError(f"grammar {self.grammar!r} is not one of {', '.join(GRAMMARS)}")
 
     def resolve(
-        self, named_params: Iterable[tuple[str, Any]], *, dense: Mapping[str, str] | None = None
+        self,
+        named_params: Iterable[tuple[str, Any]],
+        *,
+        dense: Mapping[str, str] | None = None,
+        default_dense: Mapping[str, str] | None = None,
     ) -> SparsityPlan:
-        """Decide every parameter. ``dense`` maps names the caller forces dense to the reason."""
+        """Decide every parameter.
+
+        ``dense`` maps names the caller forces dense to the reason. ``default_dense`` maps names
+        that only the default filter leaves dense (say, weights of ``nn.Embedding`` modules named
+        ``wte``): an explicit pattern can still select them.
+        """
         params = _collect(named_params)
         self._check_patterns([name for name, _, _ in params])
         forced = dict(dense or {})
-        return SparsityPlan(tuple(self._decide(name, param, shape, forced) for name, param, shape in params))
+        by_default = dict(default_dense or {})
+        return SparsityPlan(
+            tuple(self._decide(name, param, shape, forced, by_default) for name, param, shape in params)
+        )
 
     def _check_patterns(self, names: list[str]) -> None:
         """Every regex or glob must select at least one parameter: a typo should not silently do nothing."""
@@ -268,14 +285,19 @@ class SparsityConfig:
                     f"{where}: pattern {pattern!r} matches no parameter; {_closest(pattern, names)}"
                 )
 
-    def _decide(self, name: str, param: Any, shape: tuple[int, ...], forced: dict[str, str]) -> ParamDecision:
+    def _decide(
+        self, name: str, param: Any, shape: tuple[int, ...], forced: dict[str, str], by_default: dict[str, str]
+    ) -> ParamDecision:
         if name in forced:
             return ParamDecision(name, shape, False, reason=str(forced[name]))
         if _requires_dense(param):
             return ParamDecision(name, shape, False, reason="requires_dense")
         exclusion = None
         for index, group in enumerate(self.groups):
-            selected, why = _explain(group, name, param)
+            if group.param_filter.kind == "default" and name in by_default:
+                selected, why = False, by_default[name]
+            else:
+                selected, why = _explain(group, name, param)
             if selected:
                 return _sparse_decision(index, group, name, shape, why)
             if group.param_filter.kind == "default" and exclusion is None:

@@ -1,0 +1,129 @@
+"""SparseModel: the module ``sparsefx.compile`` returns.
+
+It runs the captured, rewritten graph(s) and owns exactly the parameters and buffers of the
+captured model under their original names, plus one ``<param>_mask`` buffer per sparse weight,
+so optimizers, configs and checkpoints keep working::
+
+    >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 8)), 0.75)
+    >>> sorted(sm.state_dict())
+    ['0.bias', '0.weight', '0.weight_mask']
+    >>> int(sm.masks["0.weight"].sum())
+    16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch import fx, nn
+
+from .config import SparsityConfig, SparsityPlan
+
+__all__ = ["SparseModel", "ParamReport"]
+
+
+@dataclass(frozen=True)
+class ParamReport:
+    """One sparse parameter: its target and actual sparsity, and what it costs per forward call."""
+
+    name: str
+    shape: tuple[int, ...]
+    target: float
+    actual: float
+    nnz: int
+    numel: int
+    dense_flops: int | None
+    sparse_flops: int | None
+
+
+class SparseModel(nn.Module):
+    """A compiled model. Call it like the original; see ``sparsefx.compile``.
+
+    Its parameter, buffer and child dicts are those of the captured root, so ``state_dict`` keys,
+    ``named_parameters`` and ``.to()`` all act on the same objects the graphs read.
+    """
+
+    def __init__(
+        self,
+        root: nn.Module,
+        *,
+        graphs: dict[str, fx.GraphModule],
+        config: SparsityConfig | None,
+        plan: SparsityPlan,
+        capture_method: str,
+        capture_log: list[str],
+        graph_history: list[tuple[str, str]],
+        sparsity: Any = None,
+    ) -> None:
+        super().__init__()
+        self._parameters = root._parameters
+        self._buffers = root._buffers
+        self._non_persistent_buffers_set = root._non_persistent_buffers_set
+        self._modules = root._modules
+        self.training = root.training
+        object.__setattr__(self, "_root", root)
+        self.graphs = graphs
+        self.config = config
+        self.plan = plan
+        self.capture_method = capture_method
+        self.capture_log = capture_log
+        self.graph_history = graph_history
+        self.sparsity = sparsity
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._root(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> SparseModel:
+        self._root.training = mode
+        return super().train(mode)
+
+    @property
+    def graph_module(self) -> fx.GraphModule | None:
+        """The whole-model graph, or None when the root runs eagerly (partial capture)."""
+        return self.graphs.get("")
+
+    @property
+    def masks(self) -> dict[str, torch.Tensor]:
+        """``{param fqn: bool mask}`` for every sparse parameter (True keeps)."""
+        return {name: self.get_buffer(f"{name}_mask") for name in self.plan.sparse}
+
+    def flop_rows(self) -> list[Any]:
+        """Per-node forward FLOP rows of every graph, parameter names made fully qualified."""
+        rows = []
+        for path, gm in self.graphs.items():
+            env = gm.meta.get("sparsefx.symbol_values", {})
+            for row in gm.meta.get("sparsefx.flops", ()):
+                rows.append((path, row, env))
+        return rows
+
+    def sparsity_report(self) -> list[ParamReport]:
+        """Per sparse parameter: shape, target, actual, nnz and dense/sparse forward FLOPs."""
+        flops: dict[str, tuple[int, int]] = {}
+        for path, row, env in self.flop_rows():
+            if row.param is None:
+                continue
+            fqn = row.param if not path or row.param.startswith(f"{path}.") else f"{path}.{row.param}"
+            dense, sparse = flops.get(fqn, (0, 0))
+            flops[fqn] = (dense + _value(row.dense, env), sparse + _value(row.sparse, env))
+        reports = []
+        for name, decision in self.plan.sparse.items():
+            mask = self.get_buffer(f"{name}_mask")
+            numel = mask.numel()
+            nnz = _nnz(mask, decision.sparsity)
+            dense, sparse = flops.get(name, (None, None))
+            actual = 1.0 - nnz / numel if numel else 0.0
+            reports.append(ParamReport(name, decision.shape, decision.sparsity, actual, nnz, numel, dense, sparse))
+        return reports
+
+
+def _nnz(mask: torch.Tensor, level: float) -> int:
+    if mask.device.type == "meta":
+        return int((1.0 - level) * mask.numel())
+    return int(mask.sum())
+
+
+def _value(expr: sympy.Expr, env: dict) -> int:
+    return int(sympy.sympify(expr).subs(env))
