@@ -34,12 +34,26 @@ __all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz"]
 FLOPS = "sparsefx.flops"
 aten = torch.ops.aten
 
-_MATMULS = {torch.matmul, operator.matmul, torch.mm, torch.bmm, aten.mm.default, aten.bmm.default,
-            aten.matmul.default}
+_MATMULS = {
+    torch.matmul,
+    operator.matmul,
+    torch.mm,
+    torch.bmm,
+    aten.mm.default,
+    aten.bmm.default,
+    aten.matmul.default,
+}
 _ADDMMS = {torch.addmm, torch.baddbmm, aten.addmm.default, aten.baddbmm.default}
 _LINEARS = {F.linear, aten.linear.default}
-_CONVS = {F.conv1d, F.conv2d, F.conv3d, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
-          aten.convolution.default}
+_CONVS = {
+    F.conv1d,
+    F.conv2d,
+    F.conv3d,
+    aten.conv1d.default,
+    aten.conv2d.default,
+    aten.conv3d.default,
+    aten.convolution.default,
+}
 _SDPA = {F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default}
 _VIEWS = {"t", "transpose", "permute", "view", "reshape", "contiguous"}
 

@@ -90,7 +90,9 @@ class PassManager:
             if self.debug:
                 self.verify(result.graph_module)
         except NodeFailure as exc:
-            raise PassError(f"{p.name} failed on node {exc.node.format_node()}{where}: {exc.why}{ran}") from exc
+            raise PassError(
+                f"{p.name} failed on node {exc.node.format_node()}{where}: {exc.why}{ran}"
+            ) from exc
         except VerifyError as exc:
             raise PassError(f"{p.name} produced an invalid graph{where}: {exc}{ran}") from exc
         except PassError:

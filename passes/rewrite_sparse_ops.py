@@ -88,7 +88,9 @@ class RewriteSparseOps:
             masks = {p: graph.get_attr(mask_name(f"{path}.{p}")) for p in names}
             x = node.args[0] if node.args else next(iter(node.kwargs.values()), None)
             if _is_plain(mod, nn.Linear) and names == ["weight"]:
-                new = graph.call_function(ops.masked_linear, (x, attr["weight"], masks["weight"], attr["bias"]))
+                new = graph.call_function(
+                    ops.masked_linear, (x, attr["weight"], masks["weight"], attr["bias"])
+                )
             elif type(mod) in CONV_MODULES and _is_plain(mod, type(mod)) and names == ["weight"]:
                 new = self._conv_module(graph, mod, x, attr, masks["weight"])
             else:
@@ -102,7 +104,9 @@ class RewriteSparseOps:
         op = CONV_MODULES[type(mod)]
         padding: Any = mod.padding
         if mod.padding_mode != "zeros":
-            x = graph.call_function(F.pad, (x, mod._reversed_padding_repeated_twice), {"mode": mod.padding_mode})
+            x = graph.call_function(
+                F.pad, (x, mod._reversed_padding_repeated_twice), {"mode": mod.padding_mode}
+            )
             padding = 0
         args = (x, attr["weight"], mask, attr.get("bias"), mod.stride, padding, mod.dilation, mod.groups)
         return graph.call_function(op, args)
@@ -154,7 +158,10 @@ class RewriteSparseOps:
         if user.op == "call_function" and user.target in CONV_FNS and _arg(args, kw, 1, "weight") is w:
             if _arg(args, kw, 0, "input") is w:
                 return None
-            rest = [_arg(args, kw, i, k) for i, k in enumerate(("bias", "stride", "padding", "dilation", "groups"), 2)]
+            rest = [
+                _arg(args, kw, i, k)
+                for i, k in enumerate(("bias", "stride", "padding", "dilation", "groups"), 2)
+            ]
             defaults = (None, 1, 0, 1, 1)
             rest = [d if v is None else v for v, d in zip(rest, defaults)]
             return graph.call_function(CONV_FNS[user.target], (_arg(args, kw, 0, "input"), w, m, *rest))
@@ -184,5 +191,3 @@ def _replace(old: fx.Node, new: fx.Node) -> None:
     new.meta.update({k: v for k, v in old.meta.items() if k not in new.meta})
     old.replace_all_uses_with(new)
     old.graph.erase_node(old)
-
-

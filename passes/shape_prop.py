@@ -105,7 +105,7 @@ def _has_seq_dim(t: torch.Tensor) -> bool:
 
 
 def _flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
-    """Placeholders in graph order: positional args, then kwargs by placeholder name (export flattens them)."""
+    """Placeholders in graph order: positional args, then kwargs by name (export flattens them)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = list(args)
     for node in placeholders[len(args) :]:

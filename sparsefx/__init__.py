@@ -1,9 +1,9 @@
 """sparsefx: unstructured weight sparsity for PyTorch.
 
-    >>> import torch, sparsefx
-    >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4)), 0.5)
-    >>> sm.sparsity_report()[0].nnz
-    16
+>>> import torch, sparsefx
+>>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4)), 0.5)
+>>> sm.sparsity_report()[0].nnz
+16
 """
 
 from __future__ import annotations

@@ -55,15 +55,19 @@ class FlopReport:
         return self.dense_params / max(1, self.sparse_params)
 
 
-def flops(model: nn.Module, example_inputs: Any = None, *, config: Any = None, example_kwargs: Any = None) -> FlopReport:
-    """Count FLOPs and parameters of a SparseModel, or of ``model`` compiled with ``config`` (dense if None)."""
+def flops(
+    model: nn.Module, example_inputs: Any = None, *, config: Any = None, example_kwargs: Any = None
+) -> FlopReport:
+    """FLOPs and parameters of a SparseModel, or of ``model`` compiled with ``config`` (dense if None)."""
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
     if isinstance(model, SparseModel):
         sm = model
         if args or kwargs:
             _recount(sm, args, kwargs)
     else:
-        sm = compile(model, config, (args if args else kwargs) or None, example_kwargs=kwargs if args else None)
+        sm = compile(
+            model, config, (args if args else kwargs) or None, example_kwargs=kwargs if args else None
+        )
     dense_expr = sympy.Integer(0)
     sparse_expr = sympy.Integer(0)
     dense_fwd = sparse_fwd = 0

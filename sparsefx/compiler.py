@@ -1,8 +1,8 @@
 """``sparsefx.compile``: capture, resolve the config, run the passes, wrap as a SparseModel.
 
-    >>> sm = compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()), 0.5)
-    >>> [n.target.__name__ for n in sm.graph_module.graph.nodes if n.op == "call_function"]
-    ['masked_linear']
+>>> sm = compile(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()), 0.5)
+>>> [n.target.__name__ for n in sm.graph_module.graph.nodes if n.op == "call_function"]
+['masked_linear']
 """
 
 from __future__ import annotations
@@ -95,13 +95,17 @@ def normalize_inputs(example_inputs: Any, example_kwargs: Mapping[str, Any] | No
 def dense_plan(model: nn.Module) -> SparsityPlan:
     """A plan that keeps every parameter dense (for accounting a plain model)."""
     return SparsityPlan(
-        tuple(ParamDecision(n, tuple(p.shape), False, reason="no config") for n, p in model.named_parameters())
+        tuple(
+            ParamDecision(n, tuple(p.shape), False, reason="no config") for n, p in model.named_parameters()
+        )
     )
 
 
 def resolve_plan(cfg: SparsityConfig, model: nn.Module) -> SparsityPlan:
     """Decide every parameter of ``model``: config filters, ``requires_dense``, embedding modules."""
-    return cfg.resolve(model.named_parameters(), dense=_dense_modules(model), default_dense=_embeddings(model))
+    return cfg.resolve(
+        model.named_parameters(), dense=_dense_modules(model), default_dense=_embeddings(model)
+    )
 
 
 def _embeddings(model: nn.Module) -> dict[str, str]:
@@ -110,7 +114,9 @@ def _embeddings(model: nn.Module) -> dict[str, str]:
     for path, module in model.named_modules():
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
             for pname, _ in module.named_parameters(recurse=False):
-                found[f"{path}.{pname}" if path else pname] = f"default exclusion: {type(module).__name__} module"
+                found[f"{path}.{pname}" if path else pname] = (
+                    f"default exclusion: {type(module).__name__} module"
+                )
     return found
 
 

@@ -13,8 +13,8 @@ for each named parameter, whether it is sparse, at what level and why::
 from __future__ import annotations
 
 import difflib
-import functools
 import fnmatch
+import functools
 import hashlib
 import numbers
 import os
@@ -286,7 +286,12 @@ class SparsityConfig:
                 )
 
     def _decide(
-        self, name: str, param: Any, shape: tuple[int, ...], forced: dict[str, str], by_default: dict[str, str]
+        self,
+        name: str,
+        param: Any,
+        shape: tuple[int, ...],
+        forced: dict[str, str],
+        by_default: dict[str, str],
     ) -> ParamDecision:
         if name in forced:
             return ParamDecision(name, shape, False, reason=str(forced[name]))

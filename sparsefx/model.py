@@ -115,7 +115,9 @@ class SparseModel(nn.Module):
             nnz = _nnz(mask, decision.sparsity)
             dense, sparse = flops.get(name, (None, None))
             actual = 1.0 - nnz / numel if numel else 0.0
-            reports.append(ParamReport(name, decision.shape, decision.sparsity, actual, nnz, numel, dense, sparse))
+            reports.append(
+                ParamReport(name, decision.shape, decision.sparsity, actual, nnz, numel, dense, sparse)
+            )
         return reports
 
 

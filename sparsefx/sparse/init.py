@@ -88,7 +88,9 @@ def make_mask(
     if method == "from_zeros":
         return weight.detach() != 0
     score = _score(weight, method, seed, sparsity)
-    mask = topk_mask(score, sparsity, balance_out_groups=balance_out_groups, balance_in_groups=balance_in_groups)
+    mask = topk_mask(
+        score, sparsity, balance_out_groups=balance_out_groups, balance_in_groups=balance_in_groups
+    )
     return mask.to(weight.device)
 
 
@@ -132,7 +134,9 @@ def _user_mask(
     mask = fn(weight, sparsity, score_shaper, weight.device)
     if not isinstance(mask, Tensor) or mask.shape != weight.shape:
         got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-        raise ConfigError(f"init_method: callable returned {got}; expected a tensor shaped {tuple(weight.shape)}")
+        raise ConfigError(
+            f"init_method: callable returned {got}; expected a tensor shaped {tuple(weight.shape)}"
+        )
     return mask.to(device=weight.device, dtype=torch.bool)
 
 
