@@ -6,7 +6,8 @@ not counted: the figures follow the matmul-only convention of published FLOP cou
 ``gm.meta["sparsefx.flops"]`` holds a ``NodeFlops`` per counted node::
 
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 3))
-    >>> gm = CountFlops()(PropagateShapes(((torch.randn(8, 4),), {}))(gm).graph_module).graph_module
+    >>> shaped = PropagateShapes(((torch.randn(8, 4),), {}), symbolic=True)(gm).graph_module
+    >>> gm = CountFlops()(shaped).graph_module
     >>> gm.meta["sparsefx.flops"][0].dense
     24*batch
 """
@@ -127,7 +128,7 @@ def _masked(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> NodeFlops:
 def mask_nnz(mask: torch.Tensor, decision: Any = None) -> int:
     """Kept entries of ``mask``; on the meta device, the count the decision's level implies."""
     if mask.device.type != "meta":
-        return int(mask.sum())
+        return int(mask.count_nonzero())
     return keep_count(mask.numel(), decision.sparsity) if decision is not None else mask.numel()
 
 

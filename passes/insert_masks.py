@@ -15,7 +15,9 @@ exists is kept: running the pass twice changes nothing::
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -41,25 +43,38 @@ class InsertMasks:
     name: str = "insert-masks"
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
-        inserted = []
-        for local, decision in gm.meta.get(SELECTED, {}).items():
+        todo = {
+            local: decision
+            for local, decision in gm.meta.get(SELECTED, {}).items()
+            if not hasattr(gm.get_submodule(local.rpartition(".")[0]), f"{local.rpartition('.')[2]}_mask")
+        }
+        masks = _make_masks(gm, todo)
+        for local, mask in masks.items():
             owner_path, _, pname = local.rpartition(".")
-            if hasattr(gm.get_submodule(owner_path), f"{pname}_mask"):
-                continue
-            owner = own_module(gm, owner_path)
-            weight = getattr(owner, pname)
-            with torch.no_grad():
-                mask = make_mask(
-                    weight,
-                    decision.sparsity,
-                    decision.init_method,
-                    seed=decision.seed,
-                    balance_out_groups=decision.balance_out_groups,
-                    balance_in_groups=decision.balance_in_groups,
-                )
-            owner.register_buffer(f"{pname}_mask", mask, persistent=True)
-            inserted.append(mask_name(local))
-        return PassResult(gm, modified=bool(inserted), info={"inserted": inserted})
+            own_module(gm, owner_path).register_buffer(f"{pname}_mask", mask, persistent=True)
+        return PassResult(gm, modified=bool(masks), info={"inserted": [mask_name(n) for n in masks]})
+
+
+def _make_masks(gm: fx.GraphModule, todo: dict) -> dict[str, torch.Tensor]:
+    """Masks for ``todo``, built on a thread pool: each is independent and torch releases the GIL."""
+
+    def build(item: tuple[str, Any]) -> torch.Tensor:
+        local, decision = item
+        with torch.no_grad():
+            return make_mask(
+                gm.get_parameter(local),
+                decision.sparsity,
+                decision.init_method,
+                seed=decision.seed,
+                balance_out_groups=decision.balance_out_groups,
+                balance_in_groups=decision.balance_in_groups,
+            )
+
+    workers = max(1, min(len(todo), torch.get_num_threads()))
+    if workers == 1:
+        return {local: build((local, d)) for local, d in todo.items()}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(todo, pool.map(build, todo.items())))
 
 
 def own_module(root: nn.Module, path: str) -> nn.Module:

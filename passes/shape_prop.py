@@ -7,7 +7,7 @@ the model allows, so the accounting pass can give FLOPs as sympy expressions in 
 No real compute runs and no memory is spent on activations::
 
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 3))
-    >>> gm = PropagateShapes(((torch.randn(8, 4),), {}))(gm).graph_module
+    >>> gm = PropagateShapes(((torch.randn(8, 4),), {}), symbolic=True)(gm).graph_module
     >>> [[sym_expr(gm, d) for d in n.meta["val"].shape] for n in gm.graph.nodes if n.op == "call_function"]
     [[batch, 3]]
 """
@@ -37,9 +37,16 @@ SYMBOL_VALUES = "sparsefx.symbol_values"
 
 @dataclass(frozen=True)
 class PropagateShapes:
-    """Fill ``node.meta["val"]`` from example ``(args, kwargs)``; a no-op when there are none."""
+    """Fill ``node.meta["val"]`` from example ``(args, kwargs)``; a no-op when there are none.
+
+    ``symbolic=False`` (the default in ``compile``) runs meta tensors through the graph: fast, and
+    sizes are plain ints. ``symbolic=True`` uses fake tensors with symbolic batch and sequence
+    dims, several times slower, for FLOP formulas in ``batch`` and ``seq``. Each mode falls back
+    to the next (symbolic, meta, static fake) when a model defeats it.
+    """
 
     inputs: tuple[tuple[Any, ...], dict[str, Any]] | None
+    symbolic: bool = False
     name: str = "propagate-shapes"
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
@@ -47,37 +54,76 @@ class PropagateShapes:
             gm.meta["sparsefx.shapes"] = "none: no example inputs"
             return PassResult(gm, modified=False)
         args, kwargs = self.inputs
-        for symbolic in (True, False):
+        modes = ("symbolic", "meta", "fake") if self.symbolic else ("meta", "fake")
+        for mode in modes:
             try:
-                self._run(gm, args, kwargs, symbolic)
-                gm.meta["sparsefx.shapes"] = "symbolic" if symbolic else "static"
+                _MODES[mode](gm, args, kwargs)
+                gm.meta["sparsefx.shapes"] = mode
                 return PassResult(gm, modified=False)
-            except Exception as exc:  # symbolic shapes can hit guards a model was not written for
+            except Exception as exc:  # a model can defeat any one mode: guards, missing meta kernels
                 gm.meta["sparsefx.shapes"] = f"failed: {type(exc).__name__}: {exc}"
         return PassResult(gm, modified=False)
 
-    def _run(self, gm: fx.GraphModule, args: tuple, kwargs: dict, symbolic: bool) -> None:
-        env = ShapeEnv() if symbolic else None
-        mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
-        names: dict[sympy.Symbol, sympy.Symbol] = {}
-        values: dict[sympy.Symbol, int] = {}
-        fake_args, fake_kwargs = pytree.tree_map(
-            lambda v: _fake(mode, v, names, values, symbolic), (args, kwargs)
-        )
-        flat = _flat_inputs(gm, fake_args, fake_kwargs)
-        with mode, torch.no_grad():
-            _Recorder(gm).run(*flat)
-        gm.meta[SHAPE_ENV] = env
-        gm.meta[SYMBOLS] = names
-        gm.meta[SYMBOL_VALUES] = values
+
+def _run_fake(gm: fx.GraphModule, args: tuple, kwargs: dict, symbolic: bool) -> None:
+    env = ShapeEnv() if symbolic else None
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    names: dict[sympy.Symbol, sympy.Symbol] = {}
+    values: dict[sympy.Symbol, int] = {}
+    fake_args, fake_kwargs = pytree.tree_map(
+        lambda v: _fake(mode, v, names, values, symbolic), (args, kwargs)
+    )
+    flat = _flat_inputs(gm, fake_args, fake_kwargs)
+    with mode, torch.no_grad():
+        _Recorder(gm).run(*flat)
+    _set_symbols(gm, env, names, values)
+
+
+def _run_meta(gm: fx.GraphModule, args: tuple, kwargs: dict) -> None:
+    meta_args, meta_kwargs = pytree.tree_map(_to_meta, (args, kwargs))
+    with torch.no_grad():
+        _MetaRecorder(gm).run(*_flat_inputs(gm, meta_args, meta_kwargs))
+    _set_symbols(gm, None, {}, {})
+
+
+def _set_symbols(gm: fx.GraphModule, env: ShapeEnv | None, names: dict, values: dict) -> None:
+    gm.meta[SHAPE_ENV] = env
+    gm.meta[SYMBOLS] = names
+    gm.meta[SYMBOL_VALUES] = values
+
+
+_MODES = {
+    "symbolic": lambda gm, a, kw: _run_fake(gm, a, kw, symbolic=True),
+    "meta": _run_meta,
+    "fake": lambda gm, a, kw: _run_fake(gm, a, kw, symbolic=False),
+}
 
 
 class _Recorder(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
-        if n.op not in ("output",):
+        if n.op != "output":
             n.meta["val"] = result
         return result
+
+
+class _MetaRecorder(_Recorder):
+    """Runs on the meta device: attributes and module state are swapped for meta copies (no data)."""
+
+    def fetch_attr(self, target: str) -> Any:
+        return _to_meta(super().fetch_attr(target))
+
+    def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
+        module = self.fetch_attr_module(target)
+        state = {n: _to_meta(t) for n, t in (*module.named_parameters(), *module.named_buffers())}
+        return torch.func.functional_call(module, state, args, kwargs)
+
+    def fetch_attr_module(self, target: str) -> torch.nn.Module:
+        return self.module.get_submodule(target)
+
+
+def _to_meta(value: Any) -> Any:
+    return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
 def _fake(mode: FakeTensorMode, value: Any, names: dict, values: dict, symbolic: bool) -> Any:

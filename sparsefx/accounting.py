@@ -56,9 +56,17 @@ class FlopReport:
 
 
 def flops(
-    model: nn.Module, example_inputs: Any = None, *, config: Any = None, example_kwargs: Any = None
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    config: Any = None,
+    example_kwargs: Any = None,
+    symbolic: bool = False,
 ) -> FlopReport:
-    """FLOPs and parameters of a SparseModel, or of ``model`` compiled with ``config`` (dense if None)."""
+    """FLOPs and parameters of a SparseModel, or of ``model`` compiled with ``config`` (dense if None).
+
+    ``symbolic=True`` also fills ``forward_expr`` with formulas in ``batch`` and ``seq`` (slower).
+    """
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
     if isinstance(model, SparseModel):
         sm = model
@@ -98,11 +106,16 @@ def _params(sm: SparseModel) -> tuple[int, int]:
     return dense, dense - pruned
 
 
-def _recount(sm: SparseModel, args: tuple, kwargs: dict) -> None:
+def _recount(sm: SparseModel, args: tuple, kwargs: dict, symbolic: bool) -> None:
     """Re-run shape propagation and counting on new inputs (graph structure is untouched)."""
-    inputs = {"": (args, kwargs)} if "" in sm.graphs else _record_graph_inputs(sm, args, kwargs)
+    if not (args or kwargs):
+        inputs = sm.example_inputs
+    elif "" in sm.graphs:
+        inputs = {"": (args, kwargs)}
+    else:
+        inputs = _record_graph_inputs(sm, args, kwargs)
     for path, gm in sm.graphs.items():
-        PropagateShapes(inputs.get(path))(gm)
+        PropagateShapes(inputs.get(path), symbolic=symbolic)(gm)
         CountFlops()(gm)
 
 

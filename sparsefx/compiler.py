@@ -77,6 +77,7 @@ def compile(
         capture_method=captured.method,
         capture_log=captured.log,
         graph_history=history,
+        example_inputs=captured.inputs,
     )
 
 

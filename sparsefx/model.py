@@ -21,6 +21,7 @@ import torch
 from torch import fx, nn
 
 from .config import SparsityConfig, SparsityPlan
+from .passes.count_flops import mask_nnz
 
 __all__ = ["SparseModel", "ParamReport"]
 
@@ -56,6 +57,7 @@ class SparseModel(nn.Module):
         capture_method: str,
         capture_log: list[str],
         graph_history: list[tuple[str, str]],
+        example_inputs: dict[str, tuple[tuple, dict]] | None = None,
         sparsity: Any = None,
     ) -> None:
         super().__init__()
@@ -71,6 +73,7 @@ class SparseModel(nn.Module):
         self.capture_method = capture_method
         self.capture_log = capture_log
         self.graph_history = graph_history
+        self.example_inputs = example_inputs or {}
         self.sparsity = sparsity
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -112,19 +115,13 @@ class SparseModel(nn.Module):
         for name, decision in self.plan.sparse.items():
             mask = self.get_buffer(f"{name}_mask")
             numel = mask.numel()
-            nnz = _nnz(mask, decision.sparsity)
+            nnz = mask_nnz(mask, decision)
             dense, sparse = flops.get(name, (None, None))
             actual = 1.0 - nnz / numel if numel else 0.0
             reports.append(
                 ParamReport(name, decision.shape, decision.sparsity, actual, nnz, numel, dense, sparse)
             )
         return reports
-
-
-def _nnz(mask: torch.Tensor, level: float) -> int:
-    if mask.device.type == "meta":
-        return int((1.0 - level) * mask.numel())
-    return int(mask.sum())
 
 
 def _value(expr: sympy.Expr, env: dict) -> int:
