@@ -1,0 +1,182 @@
+"""Shared benchmark helpers: interleaved timing, robust summaries, paired ratios, tables, JSON.
+
+The machines these benchmarks run on are shared and noisy, so every headline figure is a ratio of
+two things measured side by side in the same process: ``interleave`` runs the candidates
+round-robin (rotating who goes first each round), and ``paired_ratios`` divides each candidate's
+sample by the baseline's sample from the same round before taking the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+__all__ = [
+    "Summary",
+    "interleave",
+    "summarize",
+    "paired_ratios",
+    "print_table",
+    "fmt_seconds",
+    "fmt_ratio",
+    "verdict",
+    "add_json_arg",
+    "write_json",
+    "environment",
+    "console",
+]
+
+# Wide enough for the tables when output goes to a file or pipe (rich would assume 80 columns).
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median and spread of a list of samples (seconds, or a unitless ratio)."""
+
+    median: float
+    p25: float
+    p75: float
+    min: float
+    max: float
+    n: int
+
+    def as_dict(self) -> dict[str, float]:
+        """Plain dict for JSON output."""
+        return asdict(self)
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` in [0, 1] of already sorted values."""
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    """Median, quartiles, min and max of ``samples`` (at least one)."""
+    if not samples:
+        raise ValueError("summarize needs at least one sample")
+    s = sorted(samples)
+    return Summary(_percentile(s, 0.5), _percentile(s, 0.25), _percentile(s, 0.75), s[0], s[-1], len(s))
+
+
+def interleave(
+    fns: Mapping[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    *,
+    number: int = 1,
+    before_each: Callable[[], Any] | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """Time each ``fn`` round-robin; return ``{name: [seconds per call, one per round]}``.
+
+    Each round calls every function ``number`` times in a row and records the mean time per call;
+    the order rotates by one each round so no candidate always runs first (or right after the
+    same neighbour). ``warmup`` rounds run first and are discarded. ``before_each`` (e.g.
+    ``gc.collect``) runs, untimed, before each timed block; ``on_round(i)`` after each round.
+    """
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(warmup + repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
+            if before_each is not None:
+                before_each()
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            elapsed = (time.perf_counter() - start) / number
+            if r >= warmup:
+                samples[name].append(elapsed)
+        if on_round is not None:
+            on_round(r - warmup)
+    return samples
+
+
+def paired_ratios(samples: Mapping[str, Sequence[float]], baseline: str) -> dict[str, list[float]]:
+    """Per-round ratios ``samples[name][i] / samples[baseline][i]`` for every name but the baseline."""
+    base = samples[baseline]
+    return {
+        name: [v / b for v, b in zip(values, base)] for name, values in samples.items() if name != baseline
+    }
+
+
+def fmt_seconds(s: float) -> str:
+    """Seconds with a unit that keeps three significant figures."""
+    if s >= 1.0:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+def fmt_ratio(summary: Summary) -> str:
+    """``1.03× [1.01–1.06]``: median with the interquartile range."""
+    return f"{summary.median:.3f}× [{summary.p25:.3f}–{summary.p75:.3f}]"
+
+
+def verdict(ok: bool) -> str:
+    """Rich markup for PASS / FAIL."""
+    return "[bold green]PASS[/]" if ok else "[bold red]FAIL[/]"
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print a simple rich table; the first column is left-aligned, the rest right-aligned."""
+    table = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def add_json_arg(parser: argparse.ArgumentParser) -> None:
+    """Add the shared ``--json PATH`` option."""
+    parser.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")
+
+
+def write_json(path: str, payload: Mapping[str, Any]) -> None:
+    """Write ``payload`` to ``path`` atomically (temporary file in the same folder, then ``os.replace``)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".bench-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def environment() -> dict[str, Any]:
+    """What the figures depend on: versions, threads, CPU count and load when the run started."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": list(load) if load else None,
+        "machine": platform.machine(),
+    }
