@@ -84,7 +84,10 @@ class RewriteSparseOps:
         graph = gm.graph
         path = node.target
         with graph.inserting_before(node):
-            attr = {p: graph.get_attr(f"{path}.{p}") for p in ("weight", "bias") if hasattr(mod, p)}
+            attr = {
+                p: graph.get_attr(f"{path}.{p}") if getattr(mod, p, None) is not None else None
+                for p in ("weight", "bias")
+            }
             masks = {p: graph.get_attr(mask_name(f"{path}.{p}")) for p in names}
             x = node.args[0] if node.args else next(iter(node.kwargs.values()), None)
             if _is_plain(mod, nn.Linear) and names == ["weight"]:

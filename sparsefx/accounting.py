@@ -70,12 +70,12 @@ def flops(
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
     if isinstance(model, SparseModel):
         sm = model
-        if args or kwargs:
-            _recount(sm, args, kwargs)
     else:
         sm = compile(
             model, config, (args if args else kwargs) or None, example_kwargs=kwargs if args else None
         )
+    if symbolic or (sm is model and (args or kwargs)):
+        _recount(sm, args, kwargs, symbolic)
     dense_expr = sympy.Integer(0)
     sparse_expr = sympy.Integer(0)
     dense_fwd = sparse_fwd = 0

@@ -1,0 +1,75 @@
+"""FLOP and parameter accounting: exact formulas, symbolic in batch/seq, and on the meta device."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+import sparsefx
+from sparsefx.models import build_model
+from sparsefx.passes.shape_prop import BATCH, SEQ
+from sparsefx.sparse.init import keep_count
+
+
+def _gpt_linears(d: int, layers: int) -> dict[str, int]:
+    shapes = {"attn.qkv": 3 * d * d, "attn.proj": d * d, "mlp.fc": 4 * d * d, "mlp.proj": 4 * d * d}
+    return {f"blocks.{i}.{k}.weight": n for i in range(layers) for k, n in shapes.items()}
+
+
+def test_gpt_forward_flops_match_the_hand_formula() -> None:
+    spec = build_model("gpt-tiny")  # 2 layers, d=64, vocab 256
+    d, layers, vocab = 64, 2, 256
+    sm = sparsefx.compile(spec.model, 0.5, spec.args)
+    report = sparsefx.flops(sm, symbolic=True)
+    tokens = BATCH * SEQ
+    linear = sum(_gpt_linears(d, layers).values())
+    attention = layers * 4 * BATCH * SEQ**2 * d  # q k^T and (softmax) v, dense
+    dense = 2 * linear * tokens + attention + 2 * d * vocab * tokens
+    nnz = sum(keep_count(n, 0.5) for n in _gpt_linears(d, layers).values())
+    sparse = 2 * nnz * tokens + attention + 2 * d * vocab * tokens
+    assert sympy.expand(report.forward_expr[0] - dense) == 0
+    assert sympy.expand(report.forward_expr[1] - sparse) == 0
+    b, t = spec.args[0].shape
+    assert report.dense_forward == int(dense.subs({BATCH: b, SEQ: t}))
+    assert report.sparse_forward == int(sparse.subs({BATCH: b, SEQ: t}))
+    assert report.dense_train == 3 * report.dense_forward and report.sparse_train == 3 * report.sparse_forward
+    total = sum(p.numel() for p in spec.model.parameters())
+    assert report.dense_params == total
+    assert report.sparse_params == total - sum(
+        n - keep_count(n, 0.5) for n in _gpt_linears(d, layers).values()
+    )
+
+
+def test_conv_flops_count_every_output_position() -> None:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False))
+    report = sparsefx.flops(model, torch.randn(2, 3, 10, 10), config=0.75)
+    assert report.dense_forward == 2 * (8 * 3 * 9) * (2 * 10 * 10)
+    assert report.sparse_forward == 2 * keep_count(8 * 27, 0.75) * (2 * 10 * 10)
+
+
+def test_plain_model_without_config_is_all_dense() -> None:
+    model = build_model("mlp").model
+    report = sparsefx.flops(model, torch.randn(4, 64))
+    assert report.dense_forward == report.sparse_forward == 2 * 4 * (64 * 256 + 256 * 256 + 256 * 10)
+    assert report.dense_params == report.sparse_params
+
+
+def test_meta_device_compile_allocates_nothing_and_still_counts() -> None:
+    spec = build_model("gpt2-small", device="meta", input_shape=(1, 128))
+    sm = sparsefx.compile(spec.model, 0.9, spec.args)
+    assert all(p.is_meta for p in sm.parameters())
+    assert all(m.is_meta for m in sm.masks.values())
+    report = sparsefx.flops(sm)
+    d, layers = 768, 12
+    linear = _gpt_linears(d, layers)
+    assert report.sparse_params == report.dense_params - sum(n - keep_count(n, 0.9) for n in linear.values())
+    tokens, vocab = 128, 50257
+    attention = layers * 4 * tokens * tokens * d
+    head = 2 * d * vocab * tokens
+    assert report.dense_forward == 2 * sum(linear.values()) * tokens + attention + head
+    assert (
+        report.sparse_forward
+        == 2 * sum(keep_count(n, 0.9) for n in linear.values()) * tokens + attention + head
+    )
+    rows = {r.name: r for r in sm.sparsity_report()}
+    assert rows["blocks.0.mlp.fc.weight"].nnz == keep_count(4 * d * d, 0.9)
