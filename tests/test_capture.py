@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_outputs_close, reference_forward
 from torch import nn
 
 import sparsefx
+from conftest import assert_outputs_close, reference_forward
 from sparsefx.capture import capture
 from sparsefx.errors import CaptureError, ConfigError
 from sparsefx.models import build_model

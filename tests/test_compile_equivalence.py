@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_outputs_close, reference_forward
 
 import sparsefx
+from conftest import assert_outputs_close, reference_forward
 from sparsefx.models import build_model
 
 CASES = {

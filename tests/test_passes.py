@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_outputs_close, reference_forward
 from torch import fx, nn
 
 import sparsefx
+from conftest import assert_outputs_close, reference_forward
 from sparsefx import ops
 from sparsefx.compiler import resolve_plan
 from sparsefx.config import load_config

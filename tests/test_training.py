@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_outputs_close
 from torch import nn
 
 import sparsefx
+from conftest import assert_outputs_close
 from sparsefx.models import build_model
 
 OPTIMIZERS = {
