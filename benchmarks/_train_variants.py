@@ -1,0 +1,105 @@
+"""The four training setups ``train_step.py`` compares, each on its own deep copy of one model.
+
+* ``dense``: the eager model as built.
+* ``sparsefx``: ``sparsefx.compile(model, sparsity)`` (static sparsity, masked ops in the graph).
+* ``torch.nn.utils.prune``: ``global_unstructured`` with ``L1Unstructured`` over the same weights.
+* ``torch.ao.pruning``: ``WeightNormSparsifier`` (1x1 blocks), ``prepare`` then ``step``, with the
+  parametrizations left attached during training, as users run it.
+
+"The same weights" are the ones sparsefx selects (``sm.masks``): every ``nn.Linear`` weight but
+``lm_head``; embeddings, norms and biases stay dense. Each setup gets its own ``AdamW``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.ao.pruning import WeightNormSparsifier
+from torch.nn.utils import prune
+
+import sparsefx
+
+__all__ = ["Variant", "build_variants", "DENSE", "SPARSEFX", "PRUNE", "AO"]
+
+DENSE, SPARSEFX, PRUNE, AO = "dense eager", "sparsefx", "torch.nn.utils.prune", "torch.ao.pruning"
+
+
+@dataclass
+class Variant:
+    """A model, its optimizer, and how to read the effective weights of the selected layers."""
+
+    name: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    effective: Callable[[], list[Tensor]]
+    losses: list[float] = field(default_factory=list)
+
+    def step_fn(self, x: Tensor, y: Tensor) -> Callable[[], None]:
+        """One training step: zero_grad, forward, next-token cross-entropy, backward, AdamW step."""
+
+        def step() -> None:
+            self.optimizer.zero_grad(set_to_none=True)
+            logits = self.model(x)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+            loss.backward()
+            self.optimizer.step()
+            self.losses.append(loss.detach().item())
+
+        return step
+
+    def sparsity(self) -> float:
+        """Fraction of zeros in the effective (masked) weights of the selected layers."""
+        with torch.no_grad():
+            weights = self.effective()
+            zeros = sum(int((w == 0).sum()) for w in weights)
+            return zeros / max(1, sum(w.numel() for w in weights))
+
+
+def _weights(model: nn.Module, paths: list[str]) -> Callable[[], list[Tensor]]:
+    return lambda: [model.get_submodule(p).weight for p in paths]
+
+
+def build_variants(base: nn.Module, example: Tensor, sparsity: float) -> dict[str, Variant]:
+    """Deep-copy ``base`` four times and set each copy up; returns them keyed by display name."""
+    sm = sparsefx.compile(copy.deepcopy(base), sparsity, (example,))
+    names = list(sm.masks)
+    paths = [n.rsplit(".", 1)[0] for n in names]
+    if not all(
+        n.endswith(".weight") and isinstance(base.get_submodule(p), nn.Linear) for n, p in zip(names, paths)
+    ):
+        raise RuntimeError(f"sparsefx selected something other than Linear weights: {names}")
+
+    def sparsefx_weights() -> list[Tensor]:
+        masks = sm.masks
+        return [torch.where(masks[n], sm.get_parameter(n), 0.0) for n in names]
+
+    dense = copy.deepcopy(base)
+
+    pruned = copy.deepcopy(base)
+    prune.global_unstructured(
+        [(pruned.get_submodule(p), "weight") for p in paths],
+        pruning_method=prune.L1Unstructured,
+        amount=sparsity,
+    )
+
+    ao = copy.deepcopy(base)
+    sparsifier = WeightNormSparsifier(sparsity_level=sparsity, sparse_block_shape=(1, 1), zeros_per_block=1)
+    sparsifier.prepare(ao, [{"tensor_fqn": n} for n in names])
+    sparsifier.step()
+
+    variants = {
+        DENSE: (dense, _weights(dense, paths)),
+        SPARSEFX: (sm, sparsefx_weights),
+        PRUNE: (pruned, _weights(pruned, paths)),
+        AO: (ao, _weights(ao, paths)),
+    }
+    out = {}
+    for name, (model, effective) in variants.items():
+        model.train()
+        out[name] = Variant(name, model, torch.optim.AdamW(model.parameters()), effective)
+    return out
