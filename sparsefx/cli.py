@@ -1,0 +1,507 @@
+"""The ``sparsefx`` command: validate a config, inspect a compiled graph, run the demo.
+
+    $ sparsefx validate 0.9 --model mlp
+    $ sparsefx inspect --model gpt-tiny --config sparsity.yaml --format json
+    $ sparsefx demo --steps 20
+
+Every :class:`~sparsefx.errors.SparseFXError` (and every bad command-line value) becomes one line
+on stderr, ``sparsefx: error: <message>``, and exit code 2; ``--debug`` adds the traceback.
+Unexpected errors exit 1 and Ctrl-C exits 130::
+
+    >>> main(["validate", "1.5", "--model", "mlp"])
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import rich.console
+import sympy
+import torch
+from rich.table import Table
+from torch import fx, nn
+
+import sparsefx
+from sparsefx.compiler import resolve_plan
+from sparsefx.config import ParamDecision, SparsityConfig, SparsityPlan, load_config
+from sparsefx.demo import flop_table, make_console, run_demo, sparsity_table
+from sparsefx.errors import ConfigError, SparseFXError
+from sparsefx.model import SparseModel
+from sparsefx.models.registry import BUILTIN_MODELS, ModelSpec, build_model
+from sparsefx.sparse.init import keep_count
+
+__all__ = ["main", "build_parser", "inspect_data"]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+logger = logging.getLogger("sparsefx")
+
+
+class UsageError(Exception):
+    """A bad command line, raised instead of argparse's print-usage-and-exit."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return _fail(str(exc), None, debug=False, code=2)
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else 0
+    _setup_logging(args.log_level)
+    try:
+        return args.handler(args)
+    except SparseFXError as exc:
+        return _fail(str(exc), exc, debug=args.debug, code=2)
+    except KeyboardInterrupt:
+        print("sparsefx: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        sys.stdout = None  # the reader went away (``| head``): nothing left to say
+        return 1
+    except Exception as exc:
+        hint = "" if args.debug else " (run with --debug for the traceback)"
+        return _fail(f"{type(exc).__name__}: {exc}{hint}", exc, debug=args.debug, code=1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; ``--debug`` and ``--log-level`` work before or after the subcommand."""
+    parser = _Parser(prog="sparsefx", description="Unstructured weight sparsity for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"sparsefx {sparsefx.__version__}")
+    _global_flags(parser, default_debug=False, default_level="WARNING")
+    common = _Parser(add_help=False)
+    _global_flags(common, default_debug=argparse.SUPPRESS, default_level=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    models = ", ".join(BUILTIN_MODELS)
+
+    validate = sub.add_parser(
+        "validate",
+        parents=[common],
+        help="resolve a config against a model without allocating weights",
+        description="Resolve CONFIG against MODEL built on the meta device: which parameters get which "
+        "sparsity, and why the others stay dense (no weights are allocated).",
+    )
+    validate.add_argument("config", metavar="CONFIG", help="YAML file, YAML text or a float like 0.9")
+    _model_args(validate, models)
+    validate.set_defaults(handler=cmd_validate)
+
+    inspect = sub.add_parser(
+        "inspect",
+        parents=[common],
+        help="compile a model and show its rewritten graph with FLOPs",
+        description="Compile MODEL with CONFIG on its example inputs and show every node that reads a "
+        "weight or is counted for FLOPs.",
+    )
+    _model_args(inspect, models)
+    inspect.add_argument("--config", help="YAML file, YAML text or a float; omit for the dense model")
+    inspect.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    inspect.add_argument("--graph", action="store_true", help="also print the final graph code")
+    inspect.set_defaults(handler=cmd_inspect)
+
+    demo = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="compile, check, train and account a built-in model end to end",
+        description="Compile a built-in model with static sparsity, check it against the original, "
+        "train it on a synthetic task and report FLOPs.",
+    )
+    demo.add_argument("--model", default="gpt-tiny", help="built-in model (default gpt-tiny)")
+    demo.add_argument("--sparsity", type=float, default=0.9, help="static sparsity level (default 0.9)")
+    demo.add_argument("--steps", type=_non_negative_int, default=60, help="training steps (default 60)")
+    demo.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (default 0)")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def _global_flags(parser: argparse.ArgumentParser, default_debug: Any, default_level: Any) -> None:
+    """``--debug`` and ``--log-level``; subcommands take them with a SUPPRESS default, so that
+    a flag given before the subcommand is not reset by the subcommand's own default."""
+    parser.add_argument(
+        "--debug", action="store_true", default=default_debug, help="show tracebacks on errors"
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=default_level,
+        help="logging level (DEBUG also lists every decision with its reason)",
+    )
+
+
+def _model_args(parser: argparse.ArgumentParser, models: str) -> None:
+    parser.add_argument(
+        "--model", required=True, metavar="SPEC", help=f"built-in name ({models}) or package.module:factory"
+    )
+    parser.add_argument(
+        "--input-shape", type=_int_list, metavar="DIMS", help="example input shape, e.g. 8,64 (batch first)"
+    )
+    parser.add_argument("--batch", type=_positive_int, help="batch size of the example inputs")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# validate
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``sparsefx validate``: resolve the config against the model built on the meta device."""
+    cfg = load_config(args.config)
+    logger.info("config: %s grammar, %d group(s)", cfg.grammar, len(cfg.groups))
+    spec = build_model(args.model, input_shape=args.input_shape, batch=args.batch, device="meta")
+    logger.info("built %s on the meta device (no weights allocated)", spec.name)
+    plan = resolve_plan(cfg, spec.model)
+    console = make_console()
+    console.print(f"[bold]{spec.name}[/]: {len(plan)} parameters, config grammar {cfg.grammar}")
+    console.print(_sparse_table(plan, cfg))
+    console.print(_dense_table(plan))
+    console.print(_plan_summary(plan))
+    dynamic = sorted({d.algorithm for d in plan.sparse.values() if d.algorithm not in (None, "static")})
+    if dynamic:
+        console.print(
+            f"note: {', '.join(dynamic)} validated, but compile supports only static sparsity in this version"
+        )
+    if logger.isEnabledFor(logging.DEBUG):
+        console.print(_decisions_table(plan))
+    return 0
+
+
+def _sparse_table(plan: SparsityPlan, cfg: SparsityConfig) -> Table:
+    table = _table("sparse parameters", "parameter", "shape", "algorithm", "sparsity", "init", "group")
+    for d in plan.sparse.values():
+        group = cfg.groups[d.group].path if d.group is not None else "-"
+        table.add_row(d.name, str(d.shape), d.algorithm or "-", f"{d.sparsity:.1%}", _init(d), group)
+    return table
+
+
+def _dense_table(plan: SparsityPlan) -> Table:
+    table = _table("dense parameters", "parameter", "shape", "reason")
+    for d in plan.dense.values():
+        table.add_row(d.name, str(d.shape), d.reason)
+    return table
+
+
+def _decisions_table(plan: SparsityPlan) -> Table:
+    table = _table("every decision", "parameter", "decision", "reason")
+    for d in plan:
+        table.add_row(d.name, f"sparse {d.sparsity:.1%}" if d.sparse else "dense", d.reason)
+    return table
+
+
+def _plan_summary(plan: SparsityPlan) -> str:
+    """``3 sparse / 3 dense parameters; selected params 90.0% sparse; total params 85,002 -> 8,968``."""
+    numels = {d.name: _numel(d.shape) for d in plan}
+    selected = sum(numels[name] for name in plan.sparse)
+    pruned = sum(numels[n] - keep_count(numels[n], d.sparsity) for n, d in plan.sparse.items())
+    total = sum(numels.values())
+    level = pruned / selected if selected else 0.0
+    return (
+        f"{len(plan.sparse)} sparse / {len(plan.dense)} dense parameters; selected params {level:.1%} "
+        f"sparse ({selected:,} entries); total params {total:,} dense -> {total - pruned:,} sparse "
+        f"({total / max(1, total - pruned):.2f}x fewer)"
+    )
+
+
+def _init(d: ParamDecision) -> str:
+    method = d.init_method
+    if method is None or isinstance(method, str):
+        return method or "-"
+    return getattr(method, "__qualname__", type(method).__name__)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    size = 1
+    for dim in shape:
+        size *= dim
+    return size
+
+
+# ---------------------------------------------------------------------------------------------------------
+# inspect
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``sparsefx inspect``: compile on the example inputs and show the rewritten graph with FLOPs."""
+    cfg = load_config(args.config) if args.config is not None else None
+    spec = build_model(args.model, input_shape=args.input_shape, batch=args.batch, device="cpu")
+    if not spec.args and not spec.kwargs:
+        raise ConfigError(f"model {spec.name!r} has no example inputs; pass --input-shape")
+    sm = sparsefx.compile(spec.model, cfg, spec.args, example_kwargs=spec.kwargs)
+    logger.info("captured %s with %s: %s", spec.name, sm.capture_method, " | ".join(sm.capture_log) or "ok")
+    data = inspect_data(sm, spec)
+    if args.format == "json":
+        if args.graph:
+            data["graph"] = _final_code(sm)
+        print(json.dumps(data, indent=2))
+        return 0
+    _print_inspect(make_console(), sm, data, show_graph=args.graph)
+    return 0
+
+
+def inspect_data(sm: SparseModel, spec: ModelSpec) -> dict[str, Any]:
+    """Rows, totals, FLOP formulas and capture notes of a compiled model, as plain JSON-able data."""
+    report = sparsefx.flops(sm, symbolic=True)
+    rows = _graph_rows(sm)
+    symbols: dict[str, int] = {}
+    for _, _, env in sm.flop_rows():
+        symbols.update({str(k): int(v) for k, v in env.items()})
+    return {
+        "model": spec.name,
+        "capture_method": sm.capture_method,
+        "capture_log": list(sm.capture_log),
+        "inputs": [list(t.shape) for t in spec.args if isinstance(t, torch.Tensor)],
+        "rows": rows,
+        "totals": {
+            "dense_forward": report.dense_forward,
+            "sparse_forward": report.sparse_forward,
+            "dense_train": report.dense_train,
+            "sparse_train": report.sparse_train,
+            "dense_params": report.dense_params,
+            "sparse_params": report.sparse_params,
+        },
+        "reductions": {
+            "forward": report.forward_reduction,
+            "train": report.train_reduction,
+            "params": report.param_reduction,
+        },
+        "expressions": {
+            "dense_forward": str(report.forward_expr[0]),
+            "sparse_forward": str(report.forward_expr[1]),
+        },
+        "symbols": symbols,
+        "sparsity": [
+            {"name": r.name, "target": r.target, "actual": r.actual, "nnz": r.nnz, "numel": r.numel}
+            for r in sm.sparsity_report()
+        ],
+    }
+
+
+def _graph_rows(sm: SparseModel) -> list[dict[str, Any]]:
+    """One row per graph node that reads a parameter or is counted for FLOPs, in graph order."""
+    counted = {(path, row.node): (row, env) for path, row, env in sm.flop_rows()}
+    masks = sm.masks
+    rows = []
+    for path, gm in sm.graphs.items():
+        prefix = f"{path}." if path else ""
+        for node in gm.graph.nodes:
+            row, env = counted.get((path, node.name), (None, {}))
+            param = _fqn(path, row.param) if row is not None and row.param else _weight_read(gm, node, prefix)
+            if row is None and param is None:
+                continue
+            decision = sm.plan[param] if param is not None and param in sm.plan else None
+            sparse = decision is not None and decision.sparse
+            mask = masks.get(param) if sparse else None
+            rows.append(
+                {
+                    "node": f"{path}:{node.name}" if path else node.name,
+                    "op": row.op if row is not None else _op_name(node),
+                    "param": param,
+                    "sparse": sparse,
+                    "shape": list(sm.get_parameter(param).shape) if param is not None else None,
+                    "target": decision.sparsity if sparse else 0.0,
+                    "actual": 1.0 - float(mask.float().mean()) if mask is not None else 0.0,
+                    "dense_flops": _value(row.dense, env) if row is not None else None,
+                    "sparse_flops": _value(row.sparse, env) if row is not None else None,
+                }
+            )
+    return rows
+
+
+def _fqn(path: str, name: str) -> str:
+    return name if not path or name.startswith(f"{path}.") else f"{path}.{name}"
+
+
+def _weight_read(gm: fx.GraphModule, node: fx.Node, prefix: str) -> str | None:
+    """The main parameter ``node`` reads (a module's own weight, or a ``get_attr`` argument), if any."""
+    found: list[tuple[str, nn.Parameter]] = []
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        found = [(f"{node.target}.{n}", p) for n, p in module.named_parameters()]
+    elif node.op in ("call_function", "call_method"):
+        for arg in node.all_input_nodes:
+            if arg.op != "get_attr":
+                continue
+            value = _attr(gm, str(arg.target))
+            if isinstance(value, nn.Parameter):
+                found.append((arg.meta.get("sparsefx.param", str(arg.target)), value))
+    if not found:
+        return None
+    name = max(found, key=lambda item: item[1].dim())[0]
+    return name if name.startswith(prefix) else prefix + name
+
+
+def _attr(gm: nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return f"call_module:{node.target}"
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _value(expr: Any, env: dict) -> int:
+    return int(sympy.sympify(expr).subs(env))
+
+
+def _print_inspect(console: rich.console.Console, sm: SparseModel, data: dict, show_graph: bool) -> None:
+    log = " | ".join(data["capture_log"]) or "ok"
+    console.print(f"[bold]{data['model']}[/]: captured with {data['capture_method']} ({log})", markup=True)
+    table = _table(
+        "graph nodes that read a weight or count FLOPs",
+        "node",
+        "op",
+        "parameter",
+        "shape",
+        "target",
+        "actual",
+        "dense FLOPs",
+        "sparse FLOPs",
+    )
+    for row in data["rows"]:
+        counted = row["dense_flops"] is not None
+        table.add_row(
+            row["node"],
+            row["op"],
+            row["param"] or "-",
+            str(tuple(row["shape"])) if row["shape"] is not None else "-",
+            f"{row['target']:.1%}" if row["sparse"] else ("dense" if row["param"] else "-"),
+            f"{row['actual']:.1%}" if row["sparse"] else "-",
+            f"{row['dense_flops']:,}" if counted else "-",
+            f"{row['sparse_flops']:,}" if counted else "-",
+        )
+    totals = data["totals"]
+    table.add_section()
+    table.add_row(
+        "total", "", "", "", "", "", f"{totals['dense_forward']:,}", f"{totals['sparse_forward']:,}"
+    )
+    console.print(table)
+    console.print(flop_table(_report(totals), title="totals per call on the example inputs"))
+    symbols = ", ".join(f"{k}={v}" for k, v in data["symbols"].items()) or "no symbols"
+    exprs = data["expressions"]
+    console.print(
+        f"forward FLOPs as formulas ({symbols}): dense = {exprs['dense_forward']}; "
+        f"sparse = {exprs['sparse_forward']}",
+        markup=False,
+    )
+    if sm.plan.sparse:
+        console.print(sparsity_table(sm, ascii_only=not console.encoding.lower().startswith("utf")))
+    else:
+        console.print("no sparse parameters (dense model)")
+    if show_graph:
+        console.print("final graph:", markup=False)
+        console.print(_final_code(sm), markup=False, highlight=False, soft_wrap=True)
+
+
+def _report(totals: dict[str, int]) -> sparsefx.FlopReport:
+    return sparsefx.FlopReport(**totals)
+
+
+def _final_code(sm: SparseModel) -> str:
+    """The code of every graph after its last pass (one graph unless the capture was partial)."""
+    last: dict[str, str] = {}
+    for name, code in sm.graph_history:
+        last[name.rsplit(":", 1)[0] if ":" in name else ""] = code
+    if len(last) == 1:
+        return next(iter(last.values())).strip("\n") + "\n"
+    return "".join(f"# graph {path}\n{code.strip()}\n\n" for path, code in last.items())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# demo
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``sparsefx demo``: the end-to-end job on a built-in model."""
+    run_demo(model=args.model, sparsity=args.sparsity, steps=args.steps, seed=args.seed)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    return table
+
+
+def _fail(message: str, exc: BaseException | None, *, debug: bool, code: int) -> int:
+    if debug and exc is not None:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    one_line = " | ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"sparsefx: error: {one_line}", file=sys.stderr)
+    return code
+
+
+class _OneLineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = " | ".join(line.strip() for line in record.getMessage().splitlines() if line.strip())
+        return f"sparsefx: {record.levelname.lower()}: {text}"
+
+
+def _setup_logging(level: str) -> None:
+    """Log ``sparsefx.*`` to stderr at ``level``, one line a record; route Python warnings there too."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter())
+    logger.handlers[:] = [handler]
+    logger.setLevel(level)
+    logger.propagate = False
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None):
+        logger.warning("%s", message)
+
+    warnings.showwarning = show
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive ints (e.g. 8,64)"
+        )
+    return dims
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive int")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative int")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())
