@@ -15,12 +15,13 @@ Unexpected errors exit 1 and Ctrl-C exits 130::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import rich.console
@@ -64,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     _setup_logging(args.log_level)
     try:
-        return args.handler(args)
+        with _warnings_to_log():
+            return args.handler(args)
     except SparseFXError as exc:
         return _fail(str(exc), exc, debug=args.debug, code=2)
     except KeyboardInterrupt:
@@ -458,17 +460,27 @@ class _OneLineFormatter(logging.Formatter):
 
 
 def _setup_logging(level: str) -> None:
-    """Log ``sparsefx.*`` to stderr at ``level``, one line a record; route Python warnings there too."""
+    """Log ``sparsefx.*`` to stderr at ``level``, one line a record."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLineFormatter())
     logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False
 
+
+@contextlib.contextmanager
+def _warnings_to_log() -> Iterator[None]:
+    """Show Python warnings as one-line ``sparsefx: warning: ...`` log records while a command runs."""
+
     def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None):
         logger.warning("%s", message)
 
+    previous = warnings.showwarning
     warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -1,0 +1,230 @@
+"""The ``sparsefx`` command, run as a subprocess the way users run it.
+
+Every subprocess imports torch (about 3 s), so the commands are started together once per module;
+checks that need no fresh process (``--debug`` tracebacks, exit codes 1 and 130) call ``cli.main``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sparsefx
+from sparsefx import cli
+from sparsefx.models.registry import build_model
+
+PATTERNS_YAML = """\
+sparsity:
+  algorithm: static
+  sparsity: 0.8
+  param_name_patterns: "net\\\\.[02]\\\\.weight"
+"""
+
+ERRORS = {
+    "bad-level": ["validate", "1.5", "--model", "mlp"],
+    "unknown-model": ["validate", "0.9", "--model", "no-such-model"],
+    "unknown-algorithm": ["validate", "{sparsity: 0.9, algorithm: rigll}", "--model", "mlp"],
+    "missing-file": ["validate", "{tmp}/missing.yaml", "--model", "mlp"],
+}
+
+COMMANDS = {
+    "validate-float": ["validate", "0.9", "--model", "mlp"],
+    "validate-yaml": ["--log-level", "DEBUG", "validate", "{tmp}/patterns.yaml", "--model", "mlp"],
+    "inspect-table": ["inspect", "--model", "mlp", "--config", "0.9", "--graph"],
+    "inspect-json": ["inspect", "--model", "mlp", "--config", "0.9", "--format", "json"],
+    "demo": ["demo", "--steps", "5"],
+    **{f"error-{name}": argv for name, argv in ERRORS.items()},
+}
+
+
+@pytest.fixture(scope="module")
+def results(config_dir: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Run every command in ``COMMANDS`` concurrently, in a fresh ``python -m sparsefx.cli`` each."""
+    tmp = config_dir
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS")}
+    env.update(NO_COLOR="1", OMP_NUM_THREADS="1")  # one thread each: the processes share the cores
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "sparsefx.cli", *_argv(argv, tmp)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp,
+            env=env,
+        )
+        for name, argv in COMMANDS.items()
+    }
+    done = {}
+    for name, proc in running.items():
+        out, err = proc.communicate(timeout=300)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done
+
+
+@pytest.fixture(scope="module")
+def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "patterns.yaml").write_text(PATTERNS_YAML)
+    return tmp
+
+
+def _argv(argv: list[str], tmp: Path) -> list[str]:
+    return [a.replace("{tmp}", str(tmp)) for a in argv]
+
+
+def _ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def _tables(stdout: str) -> tuple[str, str]:
+    """The sparse table and everything from the dense table on."""
+    sparse, dense = stdout.split("dense parameters", 1)
+    return sparse, dense
+
+
+def test_validate_float_config(results: dict) -> None:
+    sparse, dense = _tables(_ok(results["validate-float"]))
+    for name in ("net.0.weight", "net.2.weight", "net.4.weight"):
+        assert name in sparse
+    for name in ("net.0.bias", "net.2.bias", "net.4.bias"):
+        assert name in dense and name not in sparse
+    assert "default exclusion: ndim <= 1" in dense
+    assert "static" in sparse and "90.0%" in sparse
+    assert "3 sparse / 3 dense parameters" in dense
+    assert "85,002 dense -> 8,968 sparse" in dense  # the same counts sparsefx.flops gives
+    assert "every decision" not in dense
+
+
+def test_validate_yaml_file_with_patterns_and_debug_reasons(results: dict) -> None:
+    sparse, dense = _tables(_ok(results["validate-yaml"]))
+    assert "net.0.weight" in sparse and "net.2.weight" in sparse
+    assert "net.4.weight" not in sparse and "net.4.weight" in dense
+    assert "80.0%" in sparse
+    assert "no pattern matched" in dense
+    assert "2 sparse / 4 dense parameters" in dense
+    decisions = dense.split("every decision", 1)[1]  # --log-level DEBUG lists every reason
+    assert decisions.count("matched param_name_patterns") == 2
+    assert decisions.count("no pattern matched") == 4
+    assert "sparse 80.0%" in decisions
+
+
+def test_inspect_table(results: dict) -> None:
+    out = _ok(results["inspect-table"])
+    report = sparsefx.flops(build_model("mlp").model, build_model("mlp").args, config=0.9)
+    for node in ("masked_linear", "masked_linear_1", "masked_linear_2"):
+        assert f" {node} " in out
+    assert "total" in out
+    assert f"{report.dense_forward:,}" in out and f"{report.sparse_forward:,}" in out
+    assert f"{report.dense_params:,}" in out and f"{report.sparse_params:,}" in out
+    assert "batch=8" in out
+    assert "def forward" in out and "sparsefx_ops_masked_linear" in out  # --graph
+    assert "█" in out or "#" in out  # per-layer sparsity bars
+
+
+def test_inspect_json_matches_flops_in_process(results: dict) -> None:
+    data = json.loads(_ok(results["inspect-json"]))
+    spec = build_model("mlp")
+    report = sparsefx.flops(spec.model, spec.args, config=0.9)
+    fields = (
+        "dense_forward",
+        "sparse_forward",
+        "dense_train",
+        "sparse_train",
+        "dense_params",
+        "sparse_params",
+    )
+    assert data["totals"] == {name: getattr(report, name) for name in fields}
+    counted = [row for row in data["rows"] if row["dense_flops"] is not None]
+    assert sum(row["dense_flops"] for row in counted) == report.dense_forward
+    assert sum(row["sparse_flops"] for row in counted) == report.sparse_forward
+    masked = {row["param"]: row for row in data["rows"] if row["op"] == "masked_linear"}
+    assert sorted(masked) == ["net.0.weight", "net.2.weight", "net.4.weight"]
+    assert all(row["sparse"] and row["target"] == 0.9 for row in masked.values())
+    assert data["capture_method"] == "fx" and data["capture_log"] == []
+    assert set(data["expressions"]) == {"dense_forward", "sparse_forward"}
+    assert data["symbols"] == {"batch": 8}
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_error_is_one_line_and_exit_2(results: dict, name: str) -> None:
+    result = results[f"error-{name}"]
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sparsefx: error: ")
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_debug_shows_traceback(results: dict, config_dir: Path, name: str, capsys) -> None:
+    assert cli.main(["--debug", *_argv(ERRORS[name], config_dir)]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" in captured.err
+    assert captured.err.strip().splitlines()[-1] == results[f"error-{name}"].stderr.strip()
+    assert cli.main([*_argv(ERRORS[name], config_dir), "--debug"]) == 2  # after the subcommand too
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_bad_command_line_is_one_line(capsys) -> None:
+    for argv in (["inspect", "--model", "mlp", "--input-shape", "8,x"], ["validate", "0.9"], ["bogus"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("sparsefx: error: "), err
+
+
+def test_error_messages_name_the_problem(results: dict) -> None:
+    messages = {name: results[f"error-{name}"].stderr for name in ERRORS}
+    assert "1.5 is not in [0, 1)" in messages["bad-level"]
+    assert "no-such-model" in messages["unknown-model"] and "gpt-tiny" in messages["unknown-model"]
+    assert "rigll" in messages["unknown-algorithm"] and "rigl" in messages["unknown-algorithm"]
+    assert "not found" in messages["missing-file"]
+
+
+def test_demo_runs_end_to_end(results: dict) -> None:
+    out = _ok(results["demo"])
+    assert "equivalence check" in out and "max |diff|" in out
+    assert "FAILED" not in out
+    assert "pruned weights stayed exactly zero: ok" in out
+    for label in ("forward FLOPs", "train-step FLOPs", "parameters", "reduction"):
+        assert label in out
+    assert "not available yet" in out
+
+
+def test_unexpected_error_exits_1_and_interrupt_130(monkeypatch, capsys) -> None:
+    def boom(args: object) -> int:
+        raise RuntimeError("boom\nsecond line")
+
+    def interrupt(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_validate", boom)
+    assert cli.main(["validate", "0.9", "--model", "mlp"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sparsefx: error: RuntimeError: boom | second line")
+
+    monkeypatch.setattr(cli, "cmd_validate", interrupt)
+    assert cli.main(["validate", "0.9", "--model", "mlp"]) == 130
+
+
+def test_run_demo_is_deterministic_and_learns() -> None:
+    from rich.console import Console
+
+    from sparsefx.demo import run_demo
+
+    quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
+    first = run_demo("mlp", sparsity=0.75, steps=20, seed=3, console=quiet)
+    second = run_demo("mlp", sparsity=0.75, steps=20, seed=3, console=quiet)
+    assert dataclasses.replace(first, seconds=0.0) == dataclasses.replace(second, seconds=0.0)
+    assert first.max_abs_diff <= 1e-5 and first.max_abs_diff_trained <= 1e-5
+    assert first.pruned_stay_zero and first.masks_unchanged
+    assert first.loss_after < first.loss_before
+    assert first.flops.sparse_forward < first.flops.dense_forward
