@@ -88,8 +88,8 @@ def run_demo(
     sm = sparsefx.compile(spec.model, config, spec.args, example_kwargs=spec.kwargs)
     plan = sm.plan
     console.print(
-        f"[bold]sparsefx demo[/] · {model} · static sparsity {sparsity:g} · seed {seed} · "
-        f"capture: {sm.capture_method} · {len(plan.sparse)} sparse / {len(plan.dense)} dense parameters"
+        f"[bold]sparsefx demo[/]: {model} with static sparsity {sparsity:g} (seed {seed}); captured with "
+        f"{sm.capture_method}; {len(plan.sparse)} sparse / {len(plan.dense)} dense parameters"
     )
     console.print(sparsity_table(sm, ascii_only=_ascii(console)))
 
@@ -108,7 +108,7 @@ def run_demo(
 
     pruned_zero, unchanged = _check_masks(sm, masks_before)
     console.print(
-        f"pruned weights stayed exactly zero: {_ok(pruned_zero)} · masks unchanged: {_ok(unchanged)}"
+        f"pruned weights stayed exactly zero: {_ok(pruned_zero)}; masks unchanged: {_ok(unchanged)}"
     )
     if not (pruned_zero and unchanged):
         raise VerifyError("training broke the sparsity invariants (pruned weights or masks changed)")
