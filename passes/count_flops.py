@@ -30,7 +30,7 @@ from sparsefx.sparse.init import keep_count
 from .manager import PassResult
 from .shape_prop import PropagateShapes, sym_expr  # noqa: F401  (doctest)
 
-__all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz"]
+__all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz", "weight_read"]
 
 FLOPS = "sparsefx.flops"
 aten = torch.ops.aten
@@ -61,7 +61,7 @@ _VIEWS = {"t", "transpose", "permute", "view", "reshape", "contiguous"}
 
 @dataclass(frozen=True)
 class NodeFlops:
-    """Forward FLOPs of one node; ``param`` names the sparse weight it reads, if any."""
+    """Forward FLOPs of one node; ``param`` is the path (in its graph) of the weight it reads, if any."""
 
     node: str
     op: str
@@ -103,7 +103,22 @@ def _count(gm: fx.GraphModule, node: fx.Node, density: dict) -> NodeFlops | None
     if dense is None:
         return None
     scale = next((density[a] for a in node.args if isinstance(a, fx.Node) and a in density), sympy.Integer(1))
-    return NodeFlops(node.name, _op_name(node), None, dense, sympy.expand(dense * scale))
+    return NodeFlops(node.name, _op_name(node), weight_read(gm, node), dense, sympy.expand(dense * scale))
+
+
+def weight_read(gm: fx.GraphModule, node: fx.Node) -> str | None:
+    """Path (inside ``gm``) of the largest parameter a node reads: a module's own, or a get_attr input."""
+    found: list[tuple[str, torch.Tensor]] = []
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        found = [(f"{node.target}.{n}", p) for n, p in module.named_parameters()]
+    for arg in node.all_input_nodes:
+        source = arg.args[0] if arg.op == "call_function" and arg.target is ops.apply_mask else arg
+        if isinstance(source, fx.Node) and source.op == "get_attr":
+            value = _attr(gm, str(source.target))
+            if isinstance(value, nn.Parameter):
+                found.append((str(source.target), value))
+    return max(found, key=lambda item: item[1].dim())[0] if found else None
 
 
 def _masked(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> NodeFlops:
@@ -121,7 +136,7 @@ def _masked(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> NodeFlops:
         rows = _numel(gm, out) / weight.shape[0]
     else:  # convolutions: every output position of every output channel
         rows = _numel(gm, out) / weight.shape[0]
-    param = w_node.meta.get("sparsefx.param", str(w_node.target))
+    param = str(w_node.target)
     return NodeFlops(node.name, node.target.__name__, param, 2 * numel * rows, 2 * nnz * rows)
 
 

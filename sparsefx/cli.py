@@ -33,10 +33,12 @@ from torch import fx, nn
 import sparsefx
 from sparsefx.compiler import resolve_plan
 from sparsefx.config import ParamDecision, SparsityConfig, SparsityPlan, load_config
-from sparsefx.demo import flop_table, make_console, run_demo, sparsity_table
+from sparsefx.demo import run_demo
 from sparsefx.errors import ConfigError, SparseFXError
 from sparsefx.model import SparseModel
 from sparsefx.models.registry import BUILTIN_MODELS, ModelSpec, build_model
+from sparsefx.passes.count_flops import weight_read
+from sparsefx.report import flop_table, is_ascii, make_console, sparsity_table
 from sparsefx.sparse.init import keep_count
 
 __all__ = ["main", "build_parser", "inspect_data"]
@@ -245,7 +247,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     data = inspect_data(sm, spec)
     if args.format == "json":
         if args.graph:
-            data["graph"] = _final_code(sm)
+            data["graph"] = sm.final_code()
         print(json.dumps(data, indent=2))
         return 0
     _print_inspect(make_console(), sm, data, show_graph=args.graph)
@@ -299,7 +301,8 @@ def _graph_rows(sm: SparseModel) -> list[dict[str, Any]]:
         prefix = f"{path}." if path else ""
         for node in gm.graph.nodes:
             row, env = counted.get((path, node.name), (None, {}))
-            param = _fqn(path, row.param) if row is not None and row.param else _weight_read(gm, node, prefix)
+            local = weight_read(gm, node) if row is None else None
+            param = row.param if row is not None else (prefix + local if local else None)
             if row is None and param is None:
                 continue
             decision = sm.plan[param] if param is not None and param in sm.plan else None
@@ -319,29 +322,6 @@ def _graph_rows(sm: SparseModel) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def _fqn(path: str, name: str) -> str:
-    return name if not path or name.startswith(f"{path}.") else f"{path}.{name}"
-
-
-def _weight_read(gm: fx.GraphModule, node: fx.Node, prefix: str) -> str | None:
-    """The main parameter ``node`` reads (a module's own weight, or a ``get_attr`` argument), if any."""
-    found: list[tuple[str, nn.Parameter]] = []
-    if node.op == "call_module":
-        module = gm.get_submodule(str(node.target))
-        found = [(f"{node.target}.{n}", p) for n, p in module.named_parameters()]
-    elif node.op in ("call_function", "call_method"):
-        for arg in node.all_input_nodes:
-            if arg.op != "get_attr":
-                continue
-            value = _attr(gm, str(arg.target))
-            if isinstance(value, nn.Parameter):
-                found.append((arg.meta.get("sparsefx.param", str(arg.target)), value))
-    if not found:
-        return None
-    name = max(found, key=lambda item: item[1].dim())[0]
-    return name if name.startswith(prefix) else prefix + name
 
 
 def _attr(gm: nn.Module, target: str) -> Any:
@@ -402,26 +382,16 @@ def _print_inspect(console: rich.console.Console, sm: SparseModel, data: dict, s
         markup=False,
     )
     if sm.plan.sparse:
-        console.print(sparsity_table(sm, ascii_only=not console.encoding.lower().startswith("utf")))
+        console.print(sparsity_table(sm, ascii_only=is_ascii(console)))
     else:
         console.print("no sparse parameters (dense model)")
     if show_graph:
         console.print("final graph:", markup=False)
-        console.print(_final_code(sm), markup=False, highlight=False, soft_wrap=True)
+        console.print(sm.final_code(), markup=False, highlight=False, soft_wrap=True)
 
 
 def _report(totals: dict[str, int]) -> sparsefx.FlopReport:
     return sparsefx.FlopReport(**totals)
-
-
-def _final_code(sm: SparseModel) -> str:
-    """The code of every graph after its last pass (one graph unless the capture was partial)."""
-    last: dict[str, str] = {}
-    for name, code in sm.graph_history:
-        last[name.rsplit(":", 1)[0] if ":" in name else ""] = code
-    if len(last) == 1:
-        return next(iter(last.values())).strip("\n") + "\n"
-    return "".join(f"# graph {path}\n{code.strip()}\n\n" for path, code in last.items())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,16 +8,14 @@ stayed exactly zero, and report FLOPs and parameters dense versus sparse::
     >>> r.max_abs_diff <= 1e-5, r.pruned_stay_zero, r.masks_unchanged
     (True, True, True)
 
-The helpers ``sparsity_table``, ``flop_table`` and ``sparsity_bar`` are shared with ``sparsefx.cli``.
+Tables and bars come from ``sparsefx.report``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import io  # noqa: F401  (doctest)
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +25,6 @@ import rich.console
 import torch
 import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from torch import nn
 from torch.func import functional_call
 
@@ -37,12 +34,13 @@ from sparsefx.errors import ConfigError, VerifyError
 from sparsefx.model import SparseModel
 from sparsefx.models.gpt import GPT
 from sparsefx.models.registry import build_model
+from sparsefx.report import flop_table, is_ascii, make_console, sparsity_table
+from sparsefx.trees import tensor_leaves
 
-__all__ = ["DemoResult", "run_demo", "make_console", "sparsity_table", "flop_table", "sparsity_bar"]
+__all__ = ["DemoResult", "run_demo"]
 
 TOLERANCE = 1e-5
 LEARNING_RATE = 3e-3
-_BLOCKS = " ▏▎▍▌▋▊▉█"
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def run_demo(
         f"[bold]sparsefx demo[/]: {model} with static sparsity {sparsity:g} (seed {seed}); captured with "
         f"{sm.capture_method}; {len(plan.sparse)} sparse / {len(plan.dense)} dense parameters"
     )
-    console.print(sparsity_table(sm, ascii_only=_ascii(console)))
+    console.print(sparsity_table(sm, ascii_only=is_ascii(console)))
 
     generator = torch.Generator().manual_seed(seed + 1)
     check_args, _ = task.sample(generator)
@@ -272,23 +270,11 @@ def _max_diff(sm: SparseModel, reference: nn.Module, args: tuple) -> float:
     state = {k: v for k, v in sm.state_dict(keep_vars=True).items() if k in names}
     for name, mask in sm.masks.items():
         state[name] = state[name] * mask
-    got = _leaves(sm(*args))
-    want = _leaves(functional_call(reference, state, args))
+    got = tensor_leaves(sm(*args))
+    want = tensor_leaves(functional_call(reference, state, args))
     if len(got) != len(want) or not got:
         raise VerifyError(f"equivalence check: {len(got)} output tensors, reference has {len(want)}")
     return max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, want))
-
-
-def _leaves(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in _leaves(getattr(obj, f.name))]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _leaves(v)]
-    return []
 
 
 def _report_diff(console: Any, label: str, diff: float) -> None:
@@ -308,84 +294,3 @@ def _check_masks(sm: SparseModel, before: dict[str, torch.Tensor]) -> tuple[bool
 
 def _ok(passed: bool) -> str:
     return "[green]ok[/]" if passed else "[bold red]FAILED[/]"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Presentation shared with the CLI
-
-
-def make_console() -> rich.console.Console:
-    """A console for stdout; wide when stdout is a file or pipe, so parameter names are never cut."""
-    console = rich.console.Console()
-    return console if console.is_terminal else rich.console.Console(width=200)
-
-
-def _ascii(console: rich.console.Console) -> bool:
-    return not console.encoding.lower().startswith("utf")
-
-
-def sparsity_bar(fraction: float, width: int = 20, ascii_only: bool = False) -> str:
-    """A bar ``width`` cells wide, filled to ``fraction`` (clamped to [0, 1]), in eighths of a cell.
-
-    >>> sparsity_bar(0.5, 4)
-    '██  '
-    >>> sparsity_bar(0.5, 4, ascii_only=True)
-    '##..'
-    """
-    fraction = min(1.0, max(0.0, fraction))
-    if ascii_only:
-        full = round(fraction * width)
-        return "#" * full + "." * (width - full)
-    eighths = round(fraction * width * 8)
-    full, part = divmod(eighths, 8)
-    cells = "█" * full + (_BLOCKS[part] if part else "")
-    return cells.ljust(width)
-
-
-def sparsity_table(sm: SparseModel, ascii_only: bool = False) -> Table:
-    """One row per sparse parameter: shape, target and actual sparsity, nnz and a bar of the actual level."""
-    table = Table(title="sparse parameters", title_justify="left")
-    for name, justify in (
-        ("parameter", "left"),
-        ("shape", "left"),
-        ("target", "right"),
-        ("actual", "right"),
-        ("nnz / numel", "right"),
-        ("sparsity", "left"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for row in sm.sparsity_report():
-        table.add_row(
-            row.name,
-            _shape(row.shape),
-            f"{row.target:.1%}",
-            f"{row.actual:.1%}",
-            f"{row.nnz:,} / {row.numel:,}",
-            sparsity_bar(row.actual, ascii_only=ascii_only),
-        )
-    return table
-
-
-def flop_table(report: FlopReport, title: str = "FLOPs and parameters") -> Table:
-    """Dense versus sparse forward FLOPs, training-step FLOPs and parameters, with reduction factors."""
-    table = Table(title=title, title_justify="left")
-    for name, justify in (("", "left"), ("dense", "right"), ("sparse", "right"), ("reduction", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for label, dense, sparse in (
-        ("forward FLOPs", report.dense_forward, report.sparse_forward),
-        ("train-step FLOPs", report.dense_train, report.sparse_train),
-        ("parameters", report.dense_params, report.sparse_params),
-    ):
-        table.add_row(label, f"{dense:,}", f"{sparse:,}", _reduction(dense, sparse))
-    return table
-
-
-def _reduction(dense: int, sparse: int) -> str:
-    if sparse == 0:
-        return "inf" if dense else "-"
-    factor = dense / sparse
-    return f"{factor:.2f}x" if math.isfinite(factor) else "-"
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return str(tuple(shape))

@@ -13,6 +13,7 @@ so optimizers, configs and checkpoints keep working::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 from torch import fx, nn
 
 from .config import SparsityConfig, SparsityPlan
-from .passes.count_flops import mask_nnz
+from .passes.count_flops import NodeFlops, mask_nnz
 
 __all__ = ["SparseModel", "ParamReport"]
 
@@ -93,24 +94,34 @@ class SparseModel(nn.Module):
         """``{param fqn: bool mask}`` for every sparse parameter (True keeps)."""
         return {name: self.get_buffer(f"{name}_mask") for name in self.plan.sparse}
 
-    def flop_rows(self) -> list[Any]:
-        """Per-node forward FLOP rows of every graph, parameter names made fully qualified."""
+    def flop_rows(self) -> list[tuple[str, NodeFlops, dict]]:
+        """``(graph path, NodeFlops, {symbol: example value})`` per counted node of every graph.
+
+        ``NodeFlops.param`` is the fully qualified name of the weight the node reads, if any.
+        """
         rows = []
         for path, gm in self.graphs.items():
             env = gm.meta.get("sparsefx.symbol_values", {})
             for row in gm.meta.get("sparsefx.flops", ()):
+                if row.param is not None and path:
+                    row = dataclasses.replace(row, param=f"{path}.{row.param}")
                 rows.append((path, row, env))
         return rows
+
+    def final_code(self) -> str:
+        """Every graph's code after its last pass, with a ``# graph <path>`` header when several."""
+        if len(self.graphs) == 1:
+            return next(iter(self.graphs.values())).code.strip("\n") + "\n"
+        return "".join(f"# graph {path}\n{gm.code.strip()}\n\n" for path, gm in self.graphs.items())
 
     def sparsity_report(self) -> list[ParamReport]:
         """Per sparse parameter: shape, target, actual, nnz and dense/sparse forward FLOPs."""
         flops: dict[str, tuple[int, int]] = {}
-        for path, row, env in self.flop_rows():
+        for _, row, env in self.flop_rows():
             if row.param is None:
                 continue
-            fqn = row.param if not path or row.param.startswith(f"{path}.") else f"{path}.{row.param}"
-            dense, sparse = flops.get(fqn, (0, 0))
-            flops[fqn] = (dense + _value(row.dense, env), sparse + _value(row.sparse, env))
+            dense, sparse = flops.get(row.param, (0, 0))
+            flops[row.param] = (dense + _value(row.dense, env), sparse + _value(row.sparse, env))
         reports = []
         for name, decision in self.plan.sparse.items():
             mask = self.get_buffer(f"{name}_mask")
