@@ -7,7 +7,8 @@
   parametrizations left attached during training, as users run it.
 
 "The same weights" are the ones sparsefx selects (``sm.masks``): every ``nn.Linear`` weight but
-``lm_head``; embeddings, norms and biases stay dense. Each setup gets its own ``AdamW``.
+``lm_head``; embeddings, norms and biases stay dense. Each setup gets its own ``AdamW`` (default
+implementation unless ``fused``).
 """
 
 from __future__ import annotations
@@ -64,8 +65,13 @@ def _weights(model: nn.Module, paths: list[str]) -> Callable[[], list[Tensor]]:
     return lambda: [model.get_submodule(p).weight for p in paths]
 
 
-def build_variants(base: nn.Module, example: Tensor, sparsity: float) -> dict[str, Variant]:
-    """Deep-copy ``base`` four times and set each copy up; returns them keyed by display name."""
+def build_variants(
+    base: nn.Module, example: Tensor, sparsity: float, *, fused: bool = False
+) -> dict[str, Variant]:
+    """Deep-copy ``base`` four times and set each copy up; returns them keyed by display name.
+
+    ``fused`` gives every variant ``AdamW(fused=True)`` instead of the default implementation.
+    """
     sm = sparsefx.compile(copy.deepcopy(base), sparsity, (example,))
     names = list(sm.masks)
     paths = [n.rsplit(".", 1)[0] for n in names]
@@ -101,5 +107,7 @@ def build_variants(base: nn.Module, example: Tensor, sparsity: float) -> dict[st
     out = {}
     for name, (model, effective) in variants.items():
         model.train()
-        out[name] = Variant(name, model, torch.optim.AdamW(model.parameters()), effective)
+        out[name] = Variant(
+            name, model, torch.optim.AdamW(model.parameters(), fused=fused or None), effective
+        )
     return out

@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
     p.add_argument("--sparsity", type=float, default=0.9, help="sparsity level (default 0.9)")
     p.add_argument("--max-ratio", type=float, default=1.05, help="target: sparsefx / dense (default 1.05)")
+    p.add_argument(
+        "--adamw-fused", action="store_true", help="AdamW(fused=True) for every variant (default: AdamW())"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens (default 0)")
     add_json_arg(p)
     return p.parse_args(argv)
@@ -82,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=gen)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    variants = build_variants(spec.model, x, args.sparsity)
+    variants = build_variants(spec.model, x, args.sparsity, fused=args.adamw_fused)
     n_sparse = len(variants[SPARSEFX].model.masks)
+    opt_args = "fused=True" if args.adamw_fused else ""
     console.print(
         f"[bold]train_step[/]: {args.model}, batch {args.batch}x{args.seq_len}, sparsity {args.sparsity} on "
         f"{n_sparse} Linear weights | {args.rounds} rounds x {args.steps_per_round} steps after "
-        f"{args.warmup} warm-up rounds | torch {env['torch']}, {env['threads']} threads, "
+        f"{args.warmup} warm-up rounds, AdamW({opt_args}) | torch {env['torch']}, {env['threads']} threads, "
         f"load {env['loadavg_at_start']}"
     )
     fns = {name: v.step_fn(x, y) for name, v in variants.items()}
