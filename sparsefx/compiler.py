@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from .capture import Captured, capture
 from .config import ParamDecision, SparsityConfig, SparsityPlan, load_config
 from .errors import CaptureError, ConfigError
 from .model import SparseModel
+from .ops import prune_
 from .passes.count_flops import CountFlops
 from .passes.insert_masks import InsertMasks
 from .passes.manager import PassManager
@@ -158,11 +158,9 @@ def _check_captured(captured: Captured, plan: SparsityPlan) -> None:
         )
 
 
-@torch.no_grad()
 def _prune_weights(root: nn.Module, plan: SparsityPlan) -> None:
     """Zero the pruned entries of every sparse weight, so stored weights agree with their masks."""
     for name in plan.sparse:
         weight = root.get_parameter(name)
-        mask = root.get_buffer(f"{name}_mask")
         if weight.device.type != "meta":
-            weight.masked_fill_(~mask, 0.0)
+            prune_(weight.data, root.get_buffer(f"{name}_mask"))

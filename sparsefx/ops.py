@@ -19,9 +19,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "apply_mask",
+    "select_bits",
+    "prune_",
     "masked_linear",
     "masked_matmul",
     "masked_addmm",
@@ -34,8 +37,80 @@ __all__ = [
 
 
 def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
-    """``weight`` with pruned positions selected to 0 (gradient flows only to kept positions)."""
-    return torch.where(mask, weight, 0.0)
+    """``weight`` with pruned positions selected to +0.0; the gradient is selected the same way.
+
+    Equal to ``torch.where(mask, weight, 0)``, but done as a bitwise AND of the float bits with an
+    all-ones/all-zeros integer mask: a true select (NaN at a pruned position cannot leak), and on
+    CPU several times faster than ``where`` on a bool mask, which runs twice per weight per step.
+    """
+    bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
+    if bits_dtype is None or weight.device.type == "meta":
+        return torch.where(mask, weight, 0.0)
+    return _BitSelect.apply(weight, select_bits(mask, bits_dtype))
+
+
+_SAME_WIDTH_INT = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
+_BITS_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()  # keyed by tensor identity, not value
+
+
+@torch.no_grad()
+def prune_(weight: Tensor, mask: Tensor) -> Tensor:
+    """Set ``weight`` to +0.0 in place where ``mask`` is False (NaN there too); returns ``weight``.
+
+    >>> prune_(torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([True, False, True]))
+    tensor([1., 0., 3.])
+    """
+    bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
+    if bits_dtype is None or not weight.is_contiguous():
+        return weight.masked_fill_(~mask, 0.0)
+    weight.view(bits_dtype).bitwise_and_(select_bits(mask, bits_dtype))
+    return weight
+
+
+def select_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``mask`` as integers of ``dtype``: -1 (all bits set) where True, 0 where False.
+
+    Cached per mask tensor and rebuilt when the mask changes in place (its version counter moves).
+    """
+    cached = _BITS_CACHE.get(mask)
+    if cached is not None and cached[0] == mask._version and cached[1] == dtype and not _tracing():
+        return cached[2]
+    bits = mask.to(dtype).neg_()
+    if not _tracing():
+        _BITS_CACHE[mask] = (mask._version, dtype, bits)
+    return bits
+
+
+def _tracing() -> bool:
+    return (
+        torch.compiler.is_compiling()
+        or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+    )
+
+
+class _BitSelect(torch.autograd.Function):
+    """``x`` with its bits ANDed with ``bits`` (0 or -1 per entry); the gradient is selected alike."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, bits: Tensor) -> Tensor:
+        ctx.save_for_backward(bits)
+        return _and(x, bits)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (bits,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: stay differentiable for double backward
+            return _BitSelect.apply(grad, bits), None
+        return _and(grad, bits), None
+
+
+def _and(x: Tensor, bits: Tensor) -> Tensor:
+    return (bits & x.view(bits.dtype)).view(x.dtype)  # bits first: the result takes its (contiguous) layout
 
 
 def masked_linear(input: Tensor, weight: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -60,7 +60,7 @@ def _select_largest(key: Tensor, k: int) -> Tensor:
     if k <= 0 or k >= n:
         return torch.full((n,), k >= n, dtype=torch.bool, device=key.device)
     shift = max(0, int(key.max()).bit_length() - 16)
-    bucket = (key >> shift).long()
+    bucket = key >> shift
     at_or_above = torch.bincount(bucket).flip(0).cumsum(0)
     i = int(torch.searchsorted(at_or_above, k))
     edge = len(at_or_above) - 1 - i
