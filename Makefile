@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(VENV)/bin/sparsefx demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check sparsefx passes runtime tests benchmarks examples
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 bench: $(STAMP)
