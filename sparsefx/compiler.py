@@ -13,16 +13,17 @@ from typing import Any
 from torch import nn
 
 from .capture import Captured, capture
-from .config import ParamDecision, SparsityConfig, SparsityPlan, load_config
-from .errors import CaptureError, ConfigError
+from .config import ParamDecision, SparsityPlan, load_config
+from .errors import CaptureError
 from .model import SparseModel
-from .ops import prune_
 from .passes.count_flops import CountFlops
 from .passes.insert_masks import InsertMasks
 from .passes.manager import PassManager
 from .passes.rewrite_sparse_ops import RewriteSparseOps
 from .passes.select_params import SelectSparseParams
 from .passes.shape_prop import PropagateShapes
+from .sparse.build import build_algorithm
+from .sparse.select import resolve_plan
 
 __all__ = ["compile", "normalize_inputs", "dense_plan", "resolve_plan"]
 
@@ -48,7 +49,8 @@ def compile(
         raise CaptureError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     cfg = load_config(config) if config is not None else None
     plan = dense_plan(model) if cfg is None else resolve_plan(cfg, model)
-    _reject_unsupported(cfg, plan)
+    sparsity = build_algorithm(cfg) if cfg is not None else None
+    start = sparsity.initial_plan(plan) if sparsity is not None else plan
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
     captured = capture(model, args, kwargs, method=capture_method)
     _check_captured(captured, plan)
@@ -58,7 +60,7 @@ def compile(
         pipeline = PassManager(
             [
                 PropagateShapes(captured.inputs.get(path)),
-                SelectSparseParams(plan, prefix),
+                SelectSparseParams(start, prefix),
                 InsertMasks(),
                 RewriteSparseOps(),
                 CountFlops(),
@@ -68,8 +70,7 @@ def compile(
         )
         pipeline(gm)
         history += [(f"{path}:{name}" if path else name, code) for name, code in pipeline.history]
-    _prune_weights(captured.root, plan)
-    return SparseModel(
+    sm = SparseModel(
         captured.root,
         graphs=captured.graphs,
         config=cfg,
@@ -78,7 +79,11 @@ def compile(
         capture_log=captured.log,
         graph_history=history,
         example_inputs=captured.inputs,
+        sparsity=sparsity,
     )
+    if sparsity is not None:
+        sparsity.bind(sm, plan, graph_masked=True)  # owns the masks; zeroes the pruned weights
+    return sm
 
 
 def normalize_inputs(example_inputs: Any, example_kwargs: Mapping[str, Any] | None = None) -> Inputs:
@@ -102,47 +107,6 @@ def dense_plan(model: nn.Module) -> SparsityPlan:
     )
 
 
-def resolve_plan(cfg: SparsityConfig, model: nn.Module) -> SparsityPlan:
-    """Decide every parameter of ``model``: config filters, ``requires_dense``, embedding modules."""
-    return cfg.resolve(
-        model.named_parameters(), dense=_dense_modules(model), default_dense=_embeddings(model)
-    )
-
-
-def _embeddings(model: nn.Module) -> dict[str, str]:
-    """Weights of embedding modules, whatever they are named (GPT-2 calls them ``wte``/``wpe``)."""
-    found = {}
-    for path, module in model.named_modules():
-        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-            for pname, _ in module.named_parameters(recurse=False):
-                found[f"{path}.{pname}" if path else pname] = (
-                    f"default exclusion: {type(module).__name__} module"
-                )
-    return found
-
-
-def _dense_modules(model: nn.Module) -> dict[str, str]:
-    """Parameters of modules marked ``requires_dense = True`` (the module's own parameters only)."""
-    dense = {}
-    for path, module in model.named_modules():
-        if getattr(module, "requires_dense", False):
-            for pname, _ in module.named_parameters(recurse=False):
-                dense[f"{path}.{pname}" if path else pname] = "requires_dense (module)"
-    return dense
-
-
-def _reject_unsupported(cfg: SparsityConfig | None, plan: SparsityPlan) -> None:
-    if cfg is None:
-        return
-    used = {cfg.groups[d.group].algorithm for d in plan.sparse.values() if d.group is not None}
-    dynamic = sorted(a for a in used if a != "static")
-    if dynamic:
-        raise ConfigError(
-            f"sparsity.algorithm: {', '.join(map(repr, dynamic))} parsed and validated, but compile does not "
-            "support dynamic sparsity yet; use algorithm 'static' (dynamic algorithms are coming)"
-        )
-
-
 def _check_captured(captured: Captured, plan: SparsityPlan) -> None:
     """Every sparse parameter must live inside a captured graph, or its mask could not be applied."""
     inside = set()
@@ -156,11 +120,3 @@ def _check_captured(captured: Captured, plan: SparsityPlan) -> None:
             f"(capture: {captured.method}; {' | '.join(captured.log) or 'no notes'}); exclude them from "
             "the config or make the module that uses them traceable"
         )
-
-
-def _prune_weights(root: nn.Module, plan: SparsityPlan) -> None:
-    """Zero the pruned entries of every sparse weight, so stored weights agree with their masks."""
-    for name in plan.sparse:
-        weight = root.get_parameter(name)
-        if weight.device.type != "meta":
-            prune_(weight.data, root.get_buffer(f"{name}_mask"))

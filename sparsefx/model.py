@@ -125,6 +125,11 @@ class SparseModel(nn.Module):
         reports = []
         for name, decision in self.plan.sparse.items():
             mask = self.get_buffer(f"{name}_mask")
+            if self.sparsity is not None and name in self.sparsity.params:
+                sp = self.sparsity.params[name]
+                decision = dataclasses.replace(
+                    decision, sparsity=self.sparsity.sparsity_at(sp, self.sparsity.step)
+                )
             numel = mask.numel()
             nnz = mask_nnz(mask, decision)
             dense, sparse = flops.get(name, (None, None))

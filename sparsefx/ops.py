@@ -24,6 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 __all__ = [
     "apply_mask",
     "select_bits",
+    "register_dense_grad_hook",
     "prune_",
     "masked_linear",
     "masked_matmul",
@@ -46,7 +47,7 @@ def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
     bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
     if bits_dtype is None or weight.device.type == "meta":
         return torch.where(mask, weight, 0.0)
-    return _BitSelect.apply(weight, select_bits(mask, bits_dtype))
+    return _BitSelect.apply(weight, select_bits(mask, bits_dtype), _DENSE_GRAD_HOOKS.get(mask))
 
 
 _SAME_WIDTH_INT = {
@@ -72,6 +73,18 @@ def prune_(weight: Tensor, mask: Tensor) -> Tensor:
     return weight
 
 
+_DENSE_GRAD_HOOKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def register_dense_grad_hook(mask: Tensor, hook: Callable[[Tensor], None] | None) -> None:
+    """Call ``hook(dense_grad)`` with the full gradient of every weight masked by ``mask``, before the
+    gradient is selected (RigL grows by it). ``None`` removes the hook."""
+    if hook is None:
+        _DENSE_GRAD_HOOKS.pop(mask, None)
+    else:
+        _DENSE_GRAD_HOOKS[mask] = hook
+
+
 def select_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """``mask`` as integers of ``dtype``: -1 (all bits set) where True, 0 where False.
 
@@ -94,19 +107,25 @@ def _tracing() -> bool:
 
 
 class _BitSelect(torch.autograd.Function):
-    """``x`` with its bits ANDed with ``bits`` (0 or -1 per entry); the gradient is selected alike."""
+    """``x`` with its bits ANDed with ``bits`` (0 or -1 per entry); the gradient is selected alike.
+
+    ``hook``, when given, sees the dense gradient first.
+    """
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, bits: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, bits: Tensor, hook: Callable[[Tensor], None] | None = None) -> Tensor:
         ctx.save_for_backward(bits)
+        ctx.hook = hook
         return _and(x, bits)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         (bits,) = ctx.saved_tensors
+        if ctx.hook is not None:
+            ctx.hook(grad)
         if torch.is_grad_enabled():  # create_graph=True: stay differentiable for double backward
-            return _BitSelect.apply(grad, bits), None
-        return _and(grad, bits), None
+            return _BitSelect.apply(grad, bits), None, None
+        return _and(grad, bits), None, None
 
 
 def _and(x: Tensor, bits: Tensor) -> Tensor:

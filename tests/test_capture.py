@@ -9,7 +9,7 @@ from torch import nn
 import sparsefx
 from conftest import assert_outputs_close, reference_forward
 from sparsefx.capture import capture
-from sparsefx.errors import CaptureError, ConfigError
+from sparsefx.errors import CaptureError
 from sparsefx.models import build_model
 
 
@@ -88,11 +88,6 @@ def test_embeddings_stay_dense_by_default_whatever_their_name() -> None:
         build_model("gpt-tiny").model, {"sparsity": 0.5, "param_filter": "wte.weight"}
     )
     assert set(explicit.masks) == {"wte.weight"}
-
-
-def test_dynamic_algorithms_are_refused_until_supported() -> None:
-    with pytest.raises(ConfigError, match="'rigl' parsed and validated, but compile does not support"):
-        sparsefx.compile(build_model("mlp").model, {"algorithm": "rigl", "sparsity": 0.9})
 
 
 def test_requires_dense_on_modules_and_parameters() -> None:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 
-__all__ = ["make_mask", "topk_mask", "keep_count", "INIT_METHODS"]
+__all__ = ["make_mask", "topk_mask", "keep_count", "select_largest", "INIT_METHODS"]
 
 INIT_METHODS: tuple[str, ...] = ("random", "topk", "from_zeros", "checkerboard")
 
@@ -43,7 +43,7 @@ def topk_mask(
     grouped = _to_groups(score, balance_out_groups, balance_in_groups)
     k = keep_count(grouped.shape[1], sparsity)
     if grouped.shape[0] == 1 and not score.is_floating_point():
-        return _select_largest(grouped.reshape(-1), k).reshape(score.shape)
+        return select_largest(grouped.reshape(-1), k).reshape(score.shape)
     mask = torch.zeros(grouped.shape, dtype=torch.bool, device=score.device)
     if k > 0:
         idx = torch.topk(grouped, k, dim=1, sorted=False).indices
@@ -51,7 +51,7 @@ def topk_mask(
     return _from_groups(mask, score.shape, balance_in_groups)
 
 
-def _select_largest(key: Tensor, k: int) -> Tensor:
+def select_largest(key: Tensor, k: int) -> Tensor:
     """Exactly ``k`` largest of non-negative integer ``key``: one bucket count, then top-k in one bucket.
 
     About twice as fast as ``torch.topk`` on the multi-million-entry weights of a GPT-2 layer.

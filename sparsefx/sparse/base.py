@@ -1,0 +1,401 @@
+"""SparsityAlgorithm and DynamicSparsityAlgorithm: the one place the training invariants live.
+
+An algorithm owns the ``<param>_mask`` buffers of the parameters it sparsifies and keeps three
+invariants while a torch optimizer trains: pruned weights are exactly 0, pruned gradients are
+selected to 0, and same-shape optimizer state is masked before every step. Dynamic algorithms
+also change masks on the steps their update schedule names::
+
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    >>> sparsity = sparsefx.sparse.Static(sparsity=0.75)
+    >>> _ = model.apply(sparsity)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> sparsity.apply(opt)
+    >>> {name: int(mask.sum()) for name, mask in sparsity.masks.items()}
+    {'0.weight': 16, '2.weight': 8}
+
+Binding is lazy under ``model.apply(sparsity)``: ``Module.apply`` visits children first, so only
+the last call sees the root and the parameters' full names (which filters and per-parameter seeds
+need). Masks are created at the first use: a forward, ``state_dict``, ``apply(optimizer)``, or any
+method of the algorithm.
+"""
+
+from __future__ import annotations
+
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
+from ..errors import ConfigError
+from ..ops import prune_, register_dense_grad_hook
+from .init import make_mask
+from .registry import register_algorithm
+from .schedules import Schedule, UpdateSchedule
+from .select import resolve_plan
+
+__all__ = ["SparsityAlgorithm", "DynamicSparsityAlgorithm", "SparseParam"]
+
+Hook = Callable[[str, float, float, int], None]
+
+
+@dataclass
+class SparseParam:
+    """One sparsified parameter: its name, the module owning it and its mask, and its settings."""
+
+    name: str
+    owner: nn.Module
+    attr: str
+    decision: ParamDecision
+
+    @property
+    def param(self) -> nn.Parameter:
+        return self.owner._parameters[self.attr]
+
+    @property
+    def mask(self) -> Tensor:
+        return self.owner._buffers[f"{self.attr}_mask"]
+
+    @mask.setter
+    def mask(self, value: Tensor) -> None:
+        self.owner._buffers[f"{self.attr}_mask"].copy_(value)
+
+
+class SparsityAlgorithm(ABC):
+    """Base of every algorithm. Subclasses implement ``update()``.
+
+    Keyword arguments are the cerebras.pytorch 2.x group keys (``sparsity``, ``init_method``,
+    ``param_filter``, ``seed``, ``update``, ``drop_fraction``, ``balance_out_groups`` ...), parsed and
+    validated by ``sparsefx.config``. A subclass is selectable in configs by its lower-cased name.
+    """
+
+    name: str = ""
+    dynamic: bool = False
+    needs_dense_grad: bool = False  # RigL: keep the full gradient of each sparse weight
+
+    selectable: bool = True  # may a config name it (``algorithm: <name>``)?
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("selectable", True) and ABC not in cls.__bases__:
+            register_algorithm(cls, cls.__dict__.get("name") or cls.__name__.lower())
+
+    def __init__(self, group: GroupConfig | None = None, /, **kwargs: Any) -> None:
+        if group is None:
+            kwargs.setdefault("algorithm", type(self).name or type(self).__name__.lower())
+            group = _one_group(kwargs)
+        self.group = group
+        self.autoupdate = True
+        self.step = 0
+        self.params: dict[str, SparseParam] = {}
+        self._called: list[weakref.ref[nn.Module]] = []
+        self._pending_hooks: list[Any] = []
+        self._grad_hooks: list[Any] = []
+        self._target_hooks: list[Hook] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._graph_masked = False
+
+    # ------------------------------------------------------------------------------------ binding
+
+    def __call__(self, module: nn.Module) -> None:
+        """``model.apply(sparsity)`` calls this once per submodule, children first (binding is lazy)."""
+        if self.params:
+            return
+        self._called.append(weakref.ref(module))
+        self._pending_hooks.append(module.register_forward_pre_hook(lambda *_: self._bind_pending()))
+        self._pending_hooks.append(
+            module.register_state_dict_pre_hook(lambda *_a, **_k: self._bind_pending())
+        )
+
+    def apply(self, obj: nn.Module | torch.optim.Optimizer) -> None:
+        """Sparsify a module (its whole tree, now) or an optimizer (state masking + update hook)."""
+        if isinstance(obj, torch.optim.Optimizer):
+            self._apply_optimizer(obj)
+        elif isinstance(obj, nn.Module):
+            self.bind(obj)
+        else:
+            raise TypeError(
+                f"sparsity.apply expects an nn.Module or a torch.optim.Optimizer; got {type(obj)}"
+            )
+
+    def bind(self, model: nn.Module, plan: SparsityPlan | None = None, *, graph_masked: bool = False) -> None:
+        """Own the masks of ``model``'s selected parameters, creating masks that do not exist yet.
+
+        ``plan`` is the decision per parameter (default: this algorithm's own filter over ``model``);
+        ``graph_masked`` says the model's graph already selects gradients (a compiled SparseModel).
+        """
+        plan = plan if plan is not None else resolve_plan(SparsityConfig((self.group,)), model)
+        self._graph_masked = graph_masked
+        for decision in plan.sparse.values():
+            self._bind_param(model, decision)
+        self.prune_weights()
+
+    def initial_plan(self, plan: SparsityPlan) -> SparsityPlan:
+        """``plan`` with every sparse decision at its step-0 level (see ``initial_decision``)."""
+        return SparsityPlan(tuple(self.initial_decision(d) if d.sparse else d for d in plan.decisions))
+
+    def initial_decision(self, decision: ParamDecision) -> ParamDecision:
+        """The decision at step 0: dense when a dynamic schedule does not update at step 0."""
+        update = self.group.update
+        if self.dynamic and update is not None and not update(0):
+            return replace(decision, sparsity=0.0)
+        return decision
+
+    def _bind_param(self, model: nn.Module, decision: ParamDecision) -> None:
+        owner_path, _, attr = decision.name.rpartition(".")
+        owner = model.get_submodule(owner_path)
+        if f"{attr}_mask" not in owner._buffers:
+            start = self.initial_decision(decision)
+            with torch.no_grad():
+                mask = make_mask(
+                    owner._parameters[attr],
+                    start.sparsity,
+                    decision.init_method or "random",
+                    seed=decision.seed,
+                    balance_out_groups=decision.balance_out_groups,
+                    balance_in_groups=decision.balance_in_groups,
+                )
+            owner.register_buffer(f"{attr}_mask", mask, persistent=True)
+        sp = SparseParam(decision.name, owner, attr, decision)
+        self.params[decision.name] = sp
+        if self.needs_dense_grad:  # before the select hook below, so it sees the full gradient
+            self._capture_dense_grad(sp)
+        if not self._graph_masked:
+            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
+
+    def _capture_dense_grad(self, sp: SparseParam) -> None:
+        raise NotImplementedError
+
+    def _bind_pending(self) -> None:
+        if not self._called:
+            return
+        modules = [m for m in (ref() for ref in self._called) if m is not None]
+        children = {id(c) for m in modules for c in m.children()}
+        self._called = []
+        for hook in self._pending_hooks:
+            hook.remove()
+        self._pending_hooks = []
+        for root in modules:
+            if id(root) not in children:
+                self.bind(root)
+
+    # --------------------------------------------------------------------------------- invariants
+
+    @property
+    def masks(self) -> dict[str, Tensor]:
+        """``{param name: bool mask}`` of every parameter this algorithm sparsifies."""
+        self._bind_pending()
+        return {name: sp.mask for name, sp in self.params.items()}
+
+    def prune_weights(self) -> None:
+        """Set every pruned weight to exactly 0 (NaN there too)."""
+        self._bind_pending()
+        for sp in self.params.values():
+            if sp.param.device.type != "meta":
+                prune_(sp.param.data, sp.mask)
+
+    def mask_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Zero pruned positions of every state tensor shaped like its parameter (unless requires_dense)."""
+        by_param = {id(sp.param): sp for sp in self.params.values()}
+        for param, state in optimizer.state.items():
+            sp = by_param.get(id(param))
+            if sp is None:
+                continue
+            for value in state.values():
+                if _maskable(value, param):
+                    prune_(value, sp.mask)
+
+    def _apply_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._bind_pending()
+        self._track(optimizer)
+        optimizer.register_step_pre_hook(lambda opt, *_: self.mask_optimizer_state(opt))
+        optimizer.register_step_post_hook(lambda opt, *_: self._after_step())
+
+    def _track(self, optimizer: torch.optim.Optimizer) -> None:
+        """Remember ``optimizer`` so regrown positions of its state can be reset."""
+        self._optimizers.append(optimizer)
+
+    def _after_step(self) -> None:
+        self.prune_weights()
+        if self.autoupdate:
+            self.update()
+
+    # ------------------------------------------------------------------------------------- update
+
+    def sparsity_at(self, sp: SparseParam, step: int) -> float:
+        """The target level of ``sp`` at ``step``: the group's schedule, scaled when a layer
+        distribution (ERK, ER) gave this parameter a level other than the group's."""
+        base = float(self.group.sparsity(0))
+        level = float(self.group.sparsity(step))
+        if base > 0 and sp.decision.sparsity != base:
+            return min(level * sp.decision.sparsity / base, 1.0 - 1e-9)
+        return level
+
+    @abstractmethod
+    def update(self) -> None:
+        """Advance one step; change masks when the schedule says so."""
+
+    def _report(self) -> None:
+        for hook in self._target_hooks:
+            for name, sp in self.params.items():
+                mask = sp.mask
+                actual = 1.0 - int(mask.count_nonzero()) / max(1, mask.numel())
+                hook(name, self.sparsity_at(sp, self.step), actual, self.step)
+
+    def register_target_sparsity_hook(self, hook: Hook) -> None:
+        """``hook(name, target, actual, step)`` after every update, e.g. for TensorBoard logging."""
+        self._target_hooks.append(hook)
+
+    # ---------------------------------------------------------------------------------- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume bit-identically (masks live in the model's state dict)."""
+        return {"algorithm": type(self).__name__.lower(), "step": self.step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        algorithm = state.get("algorithm")
+        if algorithm != type(self).__name__.lower():
+            raise ConfigError(
+                f"sparsity state is for algorithm {algorithm!r}, not {type(self).__name__.lower()!r}"
+            )
+        self.step = int(state["step"])
+
+    def __iter__(self) -> Iterator[SparseParam]:
+        return iter(self.params.values())
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        return f"{name}(sparsity={self.group.sparsity!r}, params={len(self.params)}, step={self.step})"
+
+
+class DynamicSparsityAlgorithm(SparsityAlgorithm):
+    """Base of algorithms that recompute masks on update steps: implement ``update_mask``.
+
+    ``update_mask(p, mask, sparsity) -> bool mask`` gets the parameter, its current mask and the
+    target level at this step. Weights and optimizer state at regrown positions start at 0.
+    """
+
+    dynamic = True
+
+    def __init__(self, group: GroupConfig | None = None, /, **kwargs: Any) -> None:
+        super().__init__(group, **kwargs)
+        if self.group.update is None:
+            self.group = replace(self.group, update=UpdateSchedule(freq=1))
+        self.generator = torch.Generator().manual_seed(self.group.seed)
+        self.current: SparseParam | None = None  # the parameter update_mask is working on
+        self._dense_grads: dict[str, Tensor] = {}
+
+    @property
+    def update_schedule(self) -> UpdateSchedule:
+        assert self.group.update is not None
+        return self.group.update
+
+    @property
+    def drop_fraction(self) -> Schedule | None:
+        return self.group.drop_fraction
+
+    @abstractmethod
+    def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:
+        """The new mask of ``p`` at the current step."""
+
+    def update(self) -> None:
+        self._bind_pending()
+        self.step += 1
+        if not self.update_schedule(self.step):
+            return
+        if not self._grads_finite():
+            self._dense_grads.clear()
+            return
+        self._sync_dense_grads()
+        for name, sp in self.params.items():
+            old = sp.mask.clone()
+            self.current = sp
+            with torch.no_grad():
+                new = self.update_mask(sp.param.detach(), old, self.sparsity_at(sp, self.step))
+            self._check_mask(name, new, sp)
+            grown = new & ~old
+            sp.mask = new
+            with torch.no_grad():
+                sp.param.data.masked_fill_(grown, 0.0)
+                for optimizer in self._optimizers:
+                    for value in optimizer.state.get(sp.param, {}).values():
+                        if _maskable(value, sp.param):
+                            value.masked_fill_(grown, 0.0)
+        self.prune_weights()
+        self._dense_grads.clear()
+        self._report()
+
+    def _check_mask(self, name: str, new: Any, sp: SparseParam) -> None:
+        if not isinstance(new, Tensor) or new.shape != sp.mask.shape or new.dtype != torch.bool:
+            got = f"{type(new).__name__} {getattr(new, 'shape', '')} {getattr(new, 'dtype', '')}"
+            raise ConfigError(
+                f"{type(self).__name__}.update_mask for {name!r} returned {got}; expected a bool mask"
+            )
+
+    def _grads_finite(self) -> bool:
+        for sp in self.params.values():
+            grad = self._dense_grads.get(sp.name, sp.param.grad)
+            if grad is not None and not bool(torch.isfinite(grad).all()):
+                return False
+        return True
+
+    def _sync_dense_grads(self) -> None:
+        """Average captured dense gradients over ranks, so every rank computes the same masks."""
+        if not self._dense_grads or not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size()
+        for grad in self._dense_grads.values():
+            dist.all_reduce(grad)
+            grad.div_(world)
+
+    # ---------------------------------------------------------------------- dense gradients (RigL)
+
+    def _capture_dense_grad(self, sp: SparseParam) -> None:
+        """Keep ``sp``'s full gradient (before masking), summed over micro-batches."""
+        if self._graph_masked:
+            register_dense_grad_hook(sp.mask, lambda g, name=sp.name: self._accumulate(name, g))
+        else:
+            self._grad_hooks.append(sp.param.register_hook(lambda g, name=sp.name: self._accumulate(name, g)))
+
+    def _accumulate(self, name: str, grad: Tensor) -> None:
+        if not self.update_schedule(self.step + 1):
+            return
+        held = self._dense_grads.get(name)
+        self._dense_grads[name] = grad.detach().clone() if held is None else held.add_(grad.detach())
+
+    def dense_grad(self, name: str) -> Tensor | None:
+        """The dense gradient captured since the last step, if any."""
+        return self._dense_grads.get(name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
+
+
+def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:
+    return torch.where(sp.mask, grad, 0.0)
+
+
+def _maskable(value: Any, param: Tensor) -> bool:
+    return (
+        isinstance(value, Tensor)
+        and value.shape == param.shape
+        and value.is_floating_point()
+        and not getattr(value, "requires_dense", False)
+    )
+
+
+def _one_group(kwargs: dict[str, Any]) -> GroupConfig:
+    cfg = load_config(kwargs)
+    if len(cfg.groups) != 1:
+        raise ConfigError(f"sparsity: expected one group of settings; got {len(cfg.groups)}")
+    return cfg.groups[0]

@@ -1,0 +1,37 @@
+"""RigL: drop the smallest kept weights, regrow where the dense gradient is largest.
+
+The dense gradient is the full gradient before masking, summed over the micro-batches since the
+last optimizer step, and averaged over ranks under DDP before masks change.
+
+    >>> RigL(sparsity=0.9).update_schedule.freq
+    100
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..errors import ConfigError
+from .base import DynamicSparsityAlgorithm
+from .drop_grow import drop_and_grow
+
+__all__ = ["RigL"]
+
+
+class RigL(DynamicSparsityAlgorithm):
+    """Rigging the Lottery (Evci et al., 2020)."""
+
+    name = "rigl"
+    needs_dense_grad = True
+
+    def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:
+        assert self.current is not None
+        name = self.current.name
+        grad = self.dense_grad(name)
+        if grad is None:
+            raise ConfigError(
+                f"RigL update for {name!r} found no dense gradient; call loss.backward() before "
+                "optimizer.step() "
+                "on update steps"
+            )
+        return drop_and_grow(p, mask, sparsity, self.drop_fraction(self.step), grad)

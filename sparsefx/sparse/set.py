@@ -1,0 +1,25 @@
+"""SET: drop the smallest kept weights, regrow as many at random among the inactive positions.
+
+>>> SET(sparsity=0.9).drop_fraction(0)
+0.3
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import DynamicSparsityAlgorithm
+from .drop_grow import drop_and_grow
+
+__all__ = ["SET"]
+
+
+class SET(DynamicSparsityAlgorithm):
+    """Sparse Evolutionary Training; random regrowth comes from the algorithm's seeded generator."""
+
+    name = "set"
+
+    def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:
+        score = torch.rand(p.shape, generator=self.generator).to(p.device)
+        return drop_and_grow(p, mask, sparsity, self.drop_fraction(self.step), score)
