@@ -1,7 +1,8 @@
 """FLOP and parameter counting: dense versus sparse, per call on given inputs.
 
 Forward FLOPs are 2 x MACs of the matmul-like ops (see ``passes/count_flops.py``); a training
-step costs 3 x forward for dense and static sparse models alike. Works on a model built on
+step costs 3 x forward for dense and static sparse models alike; RigL layers cost the average over
+an update interval, ``(3 f_s dT + 2 f_s + f_d) / (dT + 1)``. Works on a model built on
 ``torch.device("meta")``: no weights are allocated and nnz comes from the configured levels::
 
     >>> mlp = torch.nn.Sequential(torch.nn.Linear(100, 100))
@@ -13,6 +14,7 @@ step costs 3 x forward for dense and static sparse models alike. Works on a mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import sympy
@@ -24,7 +26,7 @@ from .model import SparseModel
 from .passes.count_flops import CountFlops, mask_nnz
 from .passes.shape_prop import PropagateShapes
 
-__all__ = ["FlopReport", "flops", "TRAIN_FACTOR"]
+__all__ = ["FlopReport", "flops", "TRAIN_FACTOR", "rigl_step_flops", "rigl_intervals"]
 
 TRAIN_FACTOR = 3  # forward + backward (input and weight gradients) = 3 x forward
 
@@ -79,21 +81,55 @@ def flops(
     dense_expr = sympy.Integer(0)
     sparse_expr = sympy.Integer(0)
     dense_fwd = sparse_fwd = 0
+    sparse_train = Fraction(0)
+    intervals = rigl_intervals(sm.sparsity)
     for _, row, env in sm.flop_rows():
         dense_expr += row.dense
         sparse_expr += row.sparse
-        dense_fwd += int(sympy.sympify(row.dense).subs(env))
-        sparse_fwd += int(sympy.sympify(row.sparse).subs(env))
+        f_d = int(sympy.sympify(row.dense).subs(env))
+        f_s = int(sympy.sympify(row.sparse).subs(env))
+        dense_fwd += f_d
+        sparse_fwd += f_s
+        interval = intervals.get(row.param) if row.param is not None else None
+        sparse_train += rigl_step_flops(f_s, f_d, interval) if interval else TRAIN_FACTOR * f_s
     dense_params, sparse_params = _params(sm)
     return FlopReport(
         dense_fwd,
         sparse_fwd,
         TRAIN_FACTOR * dense_fwd,
-        TRAIN_FACTOR * sparse_fwd,
+        round(sparse_train),
         dense_params,
         sparse_params,
         (sympy.simplify(dense_expr), sympy.simplify(sparse_expr)),
     )
+
+
+def rigl_step_flops(f_s: int, f_d: int, interval: int) -> Fraction:
+    """Training FLOPs per step of a RigL layer, averaged over an update interval of ``interval`` steps.
+
+    ``(3 f_s dT + 2 f_s + f_d) / (dT + 1)``: an update step also needs the dense weight gradient.
+
+    >>> rigl_step_flops(10, 100, 100)
+    Fraction(3120, 101)
+    """
+    return Fraction(3 * f_s * interval + 2 * f_s + f_d, interval + 1)
+
+
+def rigl_intervals(sparsity: Any) -> dict[str, int]:
+    """``{param name: update interval}`` of every parameter a RigL algorithm (or Group member) owns."""
+    algorithms = getattr(sparsity, "algorithms", None) or ([sparsity] if sparsity is not None else [])
+    out: dict[str, int] = {}
+    for alg in algorithms:
+        if not getattr(alg, "needs_dense_grad", False):
+            continue
+        schedule = alg.update_schedule
+        if schedule.freq is not None:
+            interval = schedule.freq
+        else:
+            steps = sorted(schedule.steps or ())
+            interval = max(1, round((steps[-1] - steps[0]) / max(1, len(steps) - 1))) if len(steps) > 1 else 1
+        out.update({name: interval for name in alg.params})
+    return out
 
 
 def _params(sm: SparseModel) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sympy
 import torch
 
@@ -73,3 +74,37 @@ def test_meta_device_compile_allocates_nothing_and_still_counts() -> None:
     )
     rows = {r.name: r for r in sm.sparsity_report()}
     assert rows["blocks.0.mlp.fc.weight"].nnz == keep_count(4 * d * d, 0.9)
+
+
+def _gpt3_xl_on_meta() -> tuple[torch.nn.Module, torch.Tensor]:
+    """GPT-3 XL's shape (24 layers, d=2048, context 2048, vocab 50257), LM head tied to the embedding."""
+    from sparsefx.models.gpt import GPT, GPTConfig
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(n_layer=24, n_head=16, d_model=2048, vocab_size=50257, max_seq_len=2048))
+        tokens = torch.zeros(1, 2048, dtype=torch.long)
+    model.lm_head.weight = model.wte.weight
+    return model, tokens
+
+
+def test_gpt3_xl_published_ratios_on_meta() -> None:
+    """SPDF / Cerebras figures: 75% -> ~2.5x fewer training FLOPs; 83.8% -> ~3x inference, ~4.3x params."""
+    model, tokens = _gpt3_xl_on_meta()
+    at_75 = sparsefx.flops(model, tokens, config=0.75)
+    model, tokens = _gpt3_xl_on_meta()
+    at_838 = sparsefx.flops(model, tokens, config=0.838)
+    assert all(p.is_meta for p in model.parameters())
+    assert 1.30e9 < at_75.dense_params < 1.33e9
+    assert at_75.train_reduction == pytest.approx(2.5, abs=0.05)
+    assert at_838.forward_reduction == pytest.approx(3.0, abs=0.05)
+    assert at_838.param_reduction == pytest.approx(4.3, abs=0.1)
+
+
+def test_rigl_training_flops_average_over_the_update_interval() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(100, 100, bias=False))
+    x = torch.randn(4, 100)
+    report = sparsefx.flops(model, x, config={"algorithm": "rigl", "sparsity": 0.9, "update": {"freq": 10}})
+    f_d, f_s = 2 * 4 * 100 * 100, 2 * 4 * keep_count(100 * 100, 0.9)
+    assert report.sparse_train == round((3 * f_s * 10 + 2 * f_s + f_d) / 11)
+    static = sparsefx.flops(torch.nn.Sequential(torch.nn.Linear(100, 100, bias=False)), x, config=0.9)
+    assert static.sparse_train == 3 * f_s
