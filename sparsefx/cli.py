@@ -1,8 +1,9 @@
-"""The ``sparsefx`` command: validate a config, inspect a compiled graph, run the demo.
+"""The ``sparsefx`` command: validate a config, inspect a compiled graph, run the demo, finalize.
 
     $ sparsefx validate 0.9 --model mlp
     $ sparsefx inspect --model gpt-tiny --config sparsity.yaml --format json
     $ sparsefx demo --steps 20
+    $ sparsefx finalize -i sparse.pt -o dense.pt
 
 Every :class:`~sparsefx.errors.SparseFXError` (and every bad command-line value) becomes one line
 on stderr, ``sparsefx: error: <message>``, and exit code 2; ``--debug`` adds the traceback.
@@ -31,6 +32,7 @@ from rich.table import Table
 from torch import fx, nn
 
 import sparsefx
+from sparsefx.checkpoint import finalize
 from sparsefx.compiler import resolve_plan
 from sparsefx.config import ParamDecision, SparsityConfig, SparsityPlan, load_config
 from sparsefx.demo import run_demo
@@ -128,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_non_negative_int, default=60, help="training steps (default 60)")
     demo.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (default 0)")
     demo.set_defaults(handler=cmd_demo)
+
+    final = sub.add_parser(
+        "finalize",
+        parents=[common],
+        help="turn a sparse checkpoint into a plain dense one",
+        description="Read a sparsefx checkpoint, a NaN-sentinel checkpoint or a state dict (weights only), "
+        "replace NaN by 0, apply and drop every mask, and write a plain dense checkpoint atomically "
+        "(OUTPUT may equal INPUT).",
+    )
+    final.add_argument("-i", "--input", required=True, metavar="INPUT", help="checkpoint to read")
+    final.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="dense checkpoint to write")
+    final.set_defaults(handler=cmd_finalize)
     return parser
 
 
@@ -401,6 +415,17 @@ def _report(totals: dict[str, int]) -> sparsefx.FlopReport:
 def cmd_demo(args: argparse.Namespace) -> int:
     """``sparsefx demo``: the end-to-end job on a built-in model."""
     run_demo(model=args.model, sparsity=args.sparsity, steps=args.steps, seed=args.seed)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# finalize
+
+
+def cmd_finalize(args: argparse.Namespace) -> int:
+    """``sparsefx finalize``: a plain dense checkpoint with no trace of sparsity."""
+    stats = finalize(args.input, args.output)
+    print(f"finalized {args.input} -> {args.output} ({stats.layout}): {stats.summary()}")
     return 0
 
 
