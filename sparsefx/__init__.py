@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from . import errors
+from . import errors, sparse
 from .accounting import FlopReport, flops
 from .compiler import compile
 from .config import SparsityConfig, load_config
@@ -34,6 +34,7 @@ __all__ = [
     "SparsityConfig",
     "SparseModel",
     "errors",
+    "sparse",
     "SparseFXError",
     "ConfigError",
     "CaptureError",
