@@ -1,6 +1,7 @@
 """Sparsity algorithms: Static, GMP, SET, RigL, Group, and the bases for custom ones.
 
     >>> from sparsefx.config import load_config
+    >>> from sparsefx.sparse import build_algorithm
     >>> sparsity = build_algorithm(load_config({"algorithm": "rigl", "sparsity": 0.9}))
     >>> type(sparsity).__name__, sparsity.update_schedule.freq
     ('RigL', 100)
