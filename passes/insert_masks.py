@@ -1,9 +1,10 @@
 """Pass: give every selected parameter a persistent bool ``<param>_mask`` buffer on its owning module.
 
 The mask comes from the parameter's decision (level at step 0, ``init_method``, derived seed,
-balance groups). Owning modules shared with the user's model are replaced by shallow copies that
-hold the same ``Parameter`` objects, so the user's model gains no buffers. A mask that already
-exists is kept: running the pass twice changes nothing::
+balance groups); parameters whose decision has ``distribution == "global"`` get theirs from one
+magnitude top-k over all of their pool in this graph. Owning modules shared with the user's model
+are replaced by shallow copies that hold the same ``Parameter`` objects, so the user's model gains
+no buffers. A mask that already exists is kept: running the pass twice changes nothing::
 
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 4))
     >>> plan = load_config(0.5).resolve(gm.named_parameters())
@@ -23,6 +24,7 @@ import torch
 from torch import fx, nn
 
 from sparsefx.config import load_config  # noqa: F401  (doctest)
+from sparsefx.sparse.distributions import global_magnitude_masks
 from sparsefx.sparse.init import make_mask
 
 from .manager import PassResult
@@ -48,7 +50,10 @@ class InsertMasks:
             for local, decision in gm.meta.get(SELECTED, {}).items()
             if not hasattr(gm.get_submodule(local.rpartition(".")[0]), f"{local.rpartition('.')[2]}_mask")
         }
-        masks = _make_masks(gm, todo)
+        pooled = {local: d for local, d in todo.items() if d.distribution == "global"}
+        built = _make_masks(gm, {local: d for local, d in todo.items() if local not in pooled})
+        built.update(_global_masks(gm, pooled))
+        masks = {local: built[local] for local in todo}
         for local, mask in masks.items():
             owner_path, _, pname = local.rpartition(".")
             own_module(gm, owner_path).register_buffer(f"{pname}_mask", mask, persistent=True)
@@ -75,6 +80,26 @@ def _make_masks(gm: fx.GraphModule, todo: dict) -> dict[str, torch.Tensor]:
         return {local: build((local, d)) for local, d in todo.items()}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(zip(todo, pool.map(build, todo.items())))
+
+
+def _global_masks(gm: fx.GraphModule, todo: dict) -> dict[str, torch.Tensor]:
+    """One magnitude top-k per pool; a parameter reached under two names counts once."""
+    pools: dict[str, dict[str, Any]] = {}
+    for local, decision in todo.items():
+        pools.setdefault(decision.pool, {})[local] = decision
+    masks: dict[str, torch.Tensor] = {}
+    for members in pools.values():
+        params = {local: gm.get_parameter(local) for local in members}
+        first: dict[int, str] = {}
+        for local, param in params.items():
+            first.setdefault(id(param), local)
+        level = next(iter(members.values())).sparsity
+        with torch.no_grad():
+            unique = global_magnitude_masks({local: params[local] for local in first.values()}, level)
+        for local, param in params.items():
+            mask = unique[first[id(param)]]
+            masks[local] = mask if first[id(param)] == local else mask.clone()
+    return masks
 
 
 def own_module(root: nn.Module, path: str) -> nn.Module:

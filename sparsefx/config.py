@@ -22,12 +22,13 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
 
 from sparsefx.errors import ConfigError
+from sparsefx.sparse.distributions import METHODS, layer_densities
 from sparsefx.sparse.registry import DYNAMIC_ALGORITHMS, algorithm_names
 from sparsefx.sparse.schedules import (
     Constant,
@@ -45,6 +46,7 @@ __all__ = [
     "DEFAULT_SEED",
     "INIT_METHODS",
     "DEFAULT_EXCLUDED_WORDS",
+    "DISTRIBUTIONS",
     "param_seed",
     "load_config",
     "ParamFilter",
@@ -57,6 +59,7 @@ __all__ = [
 DEFAULT_SEED = 0
 INIT_METHODS = ("random", "topk", "from_zeros", "checkerboard")
 DEFAULT_EXCLUDED_WORDS = ("embedding", "norm", "lm_head")
+DISTRIBUTIONS = (*METHODS, "global")
 DEFAULT_DROP_FRACTION = 0.3
 DEFAULT_UPDATES = {
     "gmp": UpdateSchedule(freq=1),
@@ -76,6 +79,7 @@ GROUP_KEYS = (
     "drop_fraction",
     "balance_in_groups",
     "balance_out_groups",
+    "distribution",
     "type",
     "schedule",
 )
@@ -166,7 +170,13 @@ DEFAULT_FILTER = ParamFilter()
 
 @dataclass(frozen=True)
 class GroupConfig:
-    """One group of parameters sharing an algorithm and its settings; ``path`` locates it in the config."""
+    """One group of parameters sharing an algorithm and its settings; ``path`` locates it in the config.
+
+    ``distribution`` spreads the group's level over its parameters (``uniform``, ``erk``, ``er`` or
+    ``global``). It is solved over a *pool*: the groups whose ``pool`` (or, when None, ``path``) is
+    the same. Patterns of one config dict share a pool, except an entry that overrides ``sparsity``,
+    which forms its own, so an explicit per-pattern level always wins.
+    """
 
     path: str
     algorithm: str = "static"
@@ -179,11 +189,24 @@ class GroupConfig:
     balance_in_groups: int | None = None
     balance_out_groups: int | None = None
     options: tuple[tuple[str, Any], ...] = ()
+    distribution: str = "uniform"
+    pool: str | None = None
+
+    @property
+    def pool_key(self) -> str:
+        """The name of the pool this group's distribution is solved over."""
+        return self.pool or self.path
 
 
 @dataclass(frozen=True)
 class ParamDecision:
-    """What the config decided for one parameter, and why."""
+    """What the config decided for one parameter, and why.
+
+    ``sparsity`` is this parameter's own level: for ``erk``/``er`` it is ``1 - density`` of the
+    layer's share of its pool's budget. For ``global`` it stays the pool's level, and the mask builder
+    takes one magnitude top-k over every parameter with the same ``pool``. ``pool`` is None for
+    ``uniform``.
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -196,6 +219,8 @@ class ParamDecision:
     balance_in_groups: int | None = None
     balance_out_groups: int | None = None
     reason: str = ""
+    distribution: str = "uniform"
+    pool: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,9 +292,33 @@ class SparsityConfig:
         self._check_patterns([name for name, _, _ in params])
         forced = dict(dense or {})
         by_default = dict(default_dense or {})
-        return SparsityPlan(
-            tuple(self._decide(name, param, shape, forced, by_default) for name, param, shape in params)
-        )
+        decisions = [self._decide(name, param, shape, forced, by_default) for name, param, shape in params]
+        return SparsityPlan(tuple(self._distribute(decisions)))
+
+    def _distribute(self, decisions: list[ParamDecision]) -> list[ParamDecision]:
+        """Replace each ``erk``/``er`` parameter's level by its share of its pool's budget."""
+        pools: dict[str, list[int]] = {}
+        for i, d in enumerate(decisions):
+            if d.sparse and d.distribution in ("erk", "er") and d.pool is not None:
+                pools.setdefault(d.pool, []).append(i)
+        out = list(decisions)
+        for pool, members in pools.items():
+            first = decisions[members[0]]
+            shapes = {decisions[i].name: decisions[i].shape for i in members}
+            try:
+                densities = layer_densities(shapes, first.sparsity, first.distribution)
+            except ConfigError as exc:
+                raise ConfigError(f"{pool}.distribution: {str(exc).removeprefix('distribution: ')}") from None
+            for i in members:
+                density = densities[decisions[i].name]
+                # a layer given exactly the pool's level keeps it bit for bit (say, a pool of one)
+                level = first.sparsity if abs(density - (1.0 - first.sparsity)) <= 1e-12 else 1.0 - density
+                if not 0.0 <= level < 1.0:
+                    raise ConfigError(
+                        f"{pool}.distribution: {first.distribution} leaves {decisions[i].name!r} no entries"
+                    )
+                out[i] = replace(decisions[i], sparsity=level)
+        return out
 
     def _check_patterns(self, names: list[str]) -> None:
         """Every regex or glob must select at least one parameter: a typo should not silently do nothing."""
@@ -392,6 +441,8 @@ def _sparse_decision(
         balance_in_groups=group.balance_in_groups,
         balance_out_groups=group.balance_out_groups,
         reason=why,
+        distribution=group.distribution,
+        pool=None if group.distribution == "uniform" else group.pool_key,
     )
 
 
@@ -547,8 +598,10 @@ def _parse_group(data: Mapping[str, Any], path: str) -> list[GroupConfig]:
             parse_schedule(data[sparsity_key], f"{path}.{sparsity_key}"),
             f"{path}.{sparsity_key}",
         )
+    distribution = _parse_distribution(data, path)
+    default_init = "topk" if distribution == "global" else "random"
     init_method = (
-        _parse_init(data["init_method"], f"{path}.init_method") if "init_method" in data else "random"
+        _parse_init(data["init_method"], f"{path}.init_method") if "init_method" in data else default_init
     )
     seed = _parse_seed(data["seed"], f"{path}.seed") if "seed" in data else DEFAULT_SEED
     update = _parse_group_update(data, algorithm, path)
@@ -560,6 +613,10 @@ def _parse_group(data: Mapping[str, Any], path: str) -> list[GroupConfig]:
         sparsity = overrides.get("sparsity", base_sparsity)
         if sparsity is None:
             raise ConfigError(f"{path}.sparsity: missing required key (a float in [0, 1) or a schedule)")
+        _check_global(
+            distribution, overrides.get("init_method", init_method), balance_in, balance_out, group_path
+        )
+        own_pool = "sparsity" in overrides or group_path == path
         groups.append(
             GroupConfig(
                 path=group_path,
@@ -572,9 +629,41 @@ def _parse_group(data: Mapping[str, Any], path: str) -> list[GroupConfig]:
                 drop_fraction=drop_fraction,
                 balance_in_groups=balance_in,
                 balance_out_groups=balance_out,
+                distribution=distribution,
+                pool=None if own_pool else path,
             )
         )
     return groups
+
+
+def _parse_distribution(data: Mapping[str, Any], path: str) -> str:
+    if "distribution" not in data:
+        return "uniform"
+    value = data["distribution"]
+    if not isinstance(value, str) or value.lower() not in DISTRIBUTIONS:
+        raise ConfigError(
+            f"{path}.distribution: unknown distribution {short_repr(value)}; "
+            f"valid: {', '.join(DISTRIBUTIONS)}"
+        )
+    return value.lower()
+
+
+def _check_global(
+    distribution: str, init_method: Any, balance_in: int | None, balance_out: int | None, path: str
+) -> None:
+    """``global`` ranks magnitudes across layers: it needs init_method topk and no balance groups."""
+    if distribution != "global":
+        return
+    if init_method != "topk":
+        raise ConfigError(
+            f"{path}.init_method: distribution 'global' takes one magnitude top-k across the group, so it "
+            f"needs init_method 'topk' (the default with 'global'), got {short_repr(init_method)}"
+        )
+    if balance_in is not None or balance_out is not None:
+        raise ConfigError(
+            f"{path}: distribution 'global' cannot keep balance groups; "
+            "remove balance_in_groups/balance_out_groups"
+        )
 
 
 def _parse_algorithm(data: Mapping[str, Any], path: str) -> str:
