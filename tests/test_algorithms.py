@@ -13,6 +13,7 @@ from sparsefx.errors import ConfigError
 from sparsefx.models import build_model
 from sparsefx.sparse import GMP, SET, DynamicSparsityAlgorithm, Group, RigL, Static
 from sparsefx.sparse.init import keep_count
+from sparsefx.sparse.registry import unregister_algorithm
 
 
 def _mlp(seed: int = 0) -> nn.Module:
@@ -184,12 +185,15 @@ def test_custom_algorithm_is_selectable_by_name() -> None:
         def update_mask(self, p: torch.Tensor, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
             return torch.roll(mask, 1, dims=-1)
 
-    sm = sparsefx.compile(_mlp(), {"algorithm": "everyother", "sparsity": 0.5, "update": {"freq": 1}})
-    assert isinstance(sm.sparsity, EveryOther)
-    before = {n: m.clone() for n, m in sm.masks.items()}
-    _train(sm, sm.sparsity, 1)
-    for name, mask in sm.masks.items():
-        assert torch.equal(mask, torch.roll(before[name], 1, dims=-1))
+    try:
+        sm = sparsefx.compile(_mlp(), {"algorithm": "everyother", "sparsity": 0.5, "update": {"freq": 1}})
+        assert isinstance(sm.sparsity, EveryOther)
+        before = {n: m.clone() for n, m in sm.masks.items()}
+        _train(sm, sm.sparsity, 1)
+        for name, mask in sm.masks.items():
+            assert torch.equal(mask, torch.roll(before[name], 1, dims=-1))
+    finally:
+        unregister_algorithm("everyother")
 
 
 def test_group_from_a_list_config_first_match_wins() -> None:
@@ -245,3 +249,18 @@ def test_target_sparsity_hooks_report_each_update() -> None:
     _train(model, sparsity, 4)
     assert {row[3] for row in seen} == {2, 4}
     assert all(abs(row[1] - 0.8) < 1e-9 and abs(row[2] - 0.8) < 1e-3 for row in seen)
+
+
+def test_model_apply_global_magnitude_is_one_top_k_across_layers() -> None:
+    model = _mlp()
+    original = {n: p.detach().abs().clone() for n, p in model.named_parameters()}
+    sparsity = Static(sparsity=0.9, distribution="global")
+    model.apply(sparsity)
+    masks = sparsity.masks
+    weights = torch.cat([original[n].flatten() for n in masks])
+    kept = torch.cat([m.flatten() for m in masks.values()])
+    assert int(kept.sum()) == keep_count(weights.numel(), 0.9)
+    assert weights[kept].min() >= weights[~kept].max()
+    assert len({round(float(m.float().mean()), 3) for m in masks.values()}) > 1, "levels differ per layer"
+    compiled = sparsefx.compile(_mlp(), {"sparsity": 0.9, "distribution": "global"}).masks
+    assert all(torch.equal(compiled[n], masks[n]) for n in masks)

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
 from ..ops import prune_, register_dense_grad_hook
+from .distributions import global_magnitude_masks
 from .init import make_mask
 from .registry import register_algorithm
 from .schedules import Schedule, UpdateSchedule
@@ -131,9 +132,24 @@ class SparsityAlgorithm(ABC):
         """
         plan = plan if plan is not None else resolve_plan(SparsityConfig((self.group,)), model)
         self._graph_masked = graph_masked
+        premade = self._global_masks(model, plan)
         for decision in plan.sparse.values():
-            self._bind_param(model, decision)
+            self._bind_param(model, decision, premade.get(decision.name))
         self.prune_weights()
+
+    def _global_masks(self, model: nn.Module, plan: SparsityPlan) -> dict[str, Tensor]:
+        """One magnitude top-k per pool for ``distribution: global`` parameters that have no mask yet."""
+        pools: dict[str, dict[str, Tensor]] = {}
+        levels: dict[str, float] = {}
+        for d in plan.sparse.values():
+            if d.distribution != "global" or _has_mask(model, d.name):
+                continue
+            pools.setdefault(d.pool or "", {})[d.name] = model.get_parameter(d.name).detach()
+            levels[d.pool or ""] = self.initial_decision(d).sparsity
+        masks: dict[str, Tensor] = {}
+        for pool, weights in pools.items():
+            masks.update(global_magnitude_masks(weights, levels[pool]))
+        return masks
 
     def initial_plan(self, plan: SparsityPlan) -> SparsityPlan:
         """``plan`` with every sparse decision at its step-0 level (see ``initial_decision``)."""
@@ -146,19 +162,23 @@ class SparsityAlgorithm(ABC):
             return replace(decision, sparsity=0.0)
         return decision
 
-    def _bind_param(self, model: nn.Module, decision: ParamDecision) -> None:
+    def _bind_param(self, model: nn.Module, decision: ParamDecision, mask: Tensor | None = None) -> None:
         owner_path, _, attr = decision.name.rpartition(".")
         owner = model.get_submodule(owner_path)
         if f"{attr}_mask" not in owner._buffers:
             start = self.initial_decision(decision)
             with torch.no_grad():
-                mask = make_mask(
-                    owner._parameters[attr],
-                    start.sparsity,
-                    decision.init_method or "random",
-                    seed=decision.seed,
-                    balance_out_groups=decision.balance_out_groups,
-                    balance_in_groups=decision.balance_in_groups,
+                mask = (
+                    mask
+                    if mask is not None
+                    else make_mask(
+                        owner._parameters[attr],
+                        start.sparsity,
+                        decision.init_method or "random",
+                        seed=decision.seed,
+                        balance_out_groups=decision.balance_out_groups,
+                        balance_in_groups=decision.balance_in_groups,
+                    )
                 )
             owner.register_buffer(f"{attr}_mask", mask, persistent=True)
         sp = SparseParam(decision.name, owner, attr, decision)
@@ -169,7 +189,7 @@ class SparsityAlgorithm(ABC):
             self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
 
     def _capture_dense_grad(self, sp: SparseParam) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} sets needs_dense_grad but cannot capture gradients")
 
     def _bind_pending(self) -> None:
         if not self._called:
@@ -379,6 +399,11 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         super().load_state_dict(state)
         if "generator" in state:
             self.generator.set_state(state["generator"])
+
+
+def _has_mask(model: nn.Module, name: str) -> bool:
+    owner_path, _, attr = name.rpartition(".")
+    return f"{attr}_mask" in model.get_submodule(owner_path)._buffers
 
 
 def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:

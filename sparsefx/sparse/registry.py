@@ -9,7 +9,14 @@ under its lower-cased class name when it is defined, so configs can name it::
 
 from __future__ import annotations
 
-__all__ = ["BUILTIN_ALGORITHMS", "DYNAMIC_ALGORITHMS", "algorithm_names", "register_algorithm", "lookup"]
+__all__ = [
+    "BUILTIN_ALGORITHMS",
+    "DYNAMIC_ALGORITHMS",
+    "algorithm_names",
+    "register_algorithm",
+    "unregister_algorithm",
+    "lookup",
+]
 
 BUILTIN_ALGORITHMS: tuple[str, ...] = ("static", "gmp", "set", "rigl")
 DYNAMIC_ALGORITHMS: frozenset[str] = frozenset({"gmp", "set", "rigl"})
@@ -21,6 +28,12 @@ def register_algorithm(cls: type, name: str | None = None) -> type:
     """Make ``cls`` selectable in configs as ``name`` (default: its lower-cased class name)."""
     _registry[(name or cls.__name__).lower()] = cls
     return cls
+
+
+def unregister_algorithm(name: str) -> None:
+    """Forget a user algorithm (built-in names stay)."""
+    if name.lower() not in BUILTIN_ALGORITHMS:
+        _registry.pop(name.lower(), None)
 
 
 def algorithm_names() -> tuple[str, ...]:
