@@ -32,6 +32,7 @@ import pickle
 import re
 import secrets
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,8 +152,12 @@ def atomic_save(obj: Any, path: PathLike) -> None:
     _fsync_dir(path.parent)
 
 
-def read_file(path: PathLike, map_location: Any = "cpu") -> Any:
-    """What ``torch.load(path, weights_only=True)`` returns; every failure is a CheckpointError."""
+def read_file(path: PathLike, map_location: Any = "cpu", *, verify: bool = True) -> Any:
+    """What ``torch.load(path, weights_only=True)`` returns; every failure is a CheckpointError.
+
+    ``verify`` first checks every zip member's CRC (torch does not), so flipped bits are caught;
+    it reads the file once more.
+    """
     path = Path(path)
     try:
         with open(path, "rb") as file:
@@ -165,6 +170,8 @@ def read_file(path: PathLike, map_location: Any = "cpu") -> Any:
         raise CheckpointError(f"{path}: empty file (an interrupted write?)")
     if head != _ZIP_MAGIC:
         raise CheckpointError(f"{path}: not a PyTorch zip checkpoint (starts with {head!r})")
+    if verify:
+        _verify_zip(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -177,6 +184,18 @@ def read_file(path: PathLike, map_location: Any = "cpu") -> Any:
         raise CheckpointError(
             f"{path}: truncated, corrupt or not a PyTorch checkpoint ({_why(exc)})"
         ) from None
+
+
+def _verify_zip(path: Path) -> None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path}: truncated, corrupt or not a PyTorch checkpoint ({_why(exc)})"
+        ) from None
+    if bad is not None:
+        raise CheckpointError(f"{path}: corrupt: {bad} fails its CRC check")
 
 
 def _why(exc: BaseException) -> str:
@@ -323,7 +342,9 @@ def _check_optimizer_state(state: Any, where: str) -> None:
         raise CheckpointError(f"{where} is not an optimizer state dict (state, param_groups)")
 
 
-def _check_fits(own: Mapping[str, Tensor], state: Mapping[str, Tensor], path: PathLike) -> None:
+def _check_fits(
+    own: Mapping[str, Tensor], state: Mapping[str, Tensor], path: PathLike, hints: bool = True
+) -> None:
     missing = [key for key in own if key not in state]
     unexpected = [key for key in state if key not in own]
     shapes = [
@@ -333,10 +354,10 @@ def _check_fits(own: Mapping[str, Tensor], state: Mapping[str, Tensor], path: Pa
     ]
     problems = []
     if missing:
-        hint = " (the model is sparse and the checkpoint dense?)" if _all_masks(missing) else ""
+        hint = " (the model is sparse and the checkpoint dense?)" if hints and _all_masks(missing) else ""
         problems.append(f"missing {_names(missing)}{hint}")
     if unexpected:
-        hint = f" (sparse checkpoint: {_SPARSE_HINT})" if _all_masks(unexpected) else ""
+        hint = f" (sparse checkpoint: {_SPARSE_HINT})" if hints and _all_masks(unexpected) else ""
         problems.append(f"unexpected {_names(unexpected)}{hint}")
     if shapes:
         problems.append(f"shape mismatch {_names(shapes)}")
@@ -466,7 +487,7 @@ def import_nan_sentinel(
     masked = masked_params(model)
     mask_ids = {id(mask) for _, mask in masked.values()}
     own = {k: v for k, v in model.state_dict(keep_vars=True).items() if id(v) not in mask_ids}
-    _check_fits(own, state, source)
+    _check_fits(own, state, source, hints=False)  # the NaN-sentinel format has no mask entries
     by_param = {id(param): name for name, (param, _) in masked.items()}
     dense, keeps, stray = {}, {}, []
     for key, value in state.items():

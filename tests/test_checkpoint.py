@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 import subprocess
 import sys
 import zipfile
@@ -355,6 +356,13 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
     for name, data in files.items():
         (tmp / f"{name}.pt").write_bytes(data)
         paths[name] = tmp / f"{name}.pt"
+    with zipfile.ZipFile(tmp / "good.pt") as archive:  # flip one bit inside the first weight's data
+        info = next(i for i in archive.infolist() if i.filename.endswith("data/0"))
+    name_len, extra_len = struct.unpack("<HH", good[info.header_offset + 26 : info.header_offset + 30])
+    flipped = bytearray(good)
+    flipped[info.header_offset + 30 + name_len + extra_len + 10] ^= 1  # past the local file header
+    (tmp / "bitflip.pt").write_bytes(bytes(flipped))
+    paths["bitflip"] = tmp / "bitflip.pt"
     with zipfile.ZipFile(tmp / "foreign.zip", "w") as archive:
         archive.writestr("hello.txt", "hello")
     paths["foreign-zip"] = tmp / "foreign.zip"
@@ -373,6 +381,7 @@ def test_bad_files_raise_checkpoint_error_and_run_no_code(tmp_path: Path) -> Non
     paths = _bad_files(tmp_path)
     expected = {
         "truncated": "truncated, corrupt",
+        "bitflip": "data/0 fails its CRC check",
         "empty": "empty file",
         "text": "not a PyTorch zip checkpoint",
         "foreign-zip": "not in a subdirectory",
@@ -491,3 +500,19 @@ def test_retarget_mapping_and_errors() -> None:
     assert torch.equal(sm.masks["net.0.weight"], old["net.0.weight"])  # nothing changed on error
     with pytest.raises(ConfigError, match="bool tensor shaped like the weight"):
         retarget_mask(torch.ones(2, 2), torch.ones(2, 2), 0.5, seed=0)
+
+
+def test_load_into_a_new_config_then_retarget(tmp_path: Path) -> None:
+    sm, opt = _trained()
+    save_checkpoint(tmp_path / "ckpt.pt", sm, opt)
+    for level in (0.5, 0.95):  # SPDF-style densify, iterative-pruning-style sparsify
+        new = sparsefx.compile(build_model("mlp", seed=9).model, level)
+        new_opt = torch.optim.AdamW(new.parameters(), lr=1e-2, weight_decay=0.1)
+        load_checkpoint(tmp_path / "ckpt.pt", new, new_opt)
+        retarget_(new, {name: d.sparsity for name, d in new.plan.sparse.items()}, optimizer=new_opt)
+        for name, mask in new.masks.items():
+            assert int(mask.sum()) == keep_count(mask.numel(), level)
+            old = sm.masks[name]
+            assert torch.all(mask[old]) if level < 0.8 else not torch.any(mask & ~old)
+            assert torch.all(new.get_parameter(name)[~mask] == 0)
+        _step(new, new_opt, 9)

@@ -63,6 +63,8 @@ def retarget_(
 
     Regrown weights and the changed positions of same-shape optimizer states are set to 0. Returns
     ``{param: (nnz before, nnz after)}``. Parameter ``name`` draws from ``param_seed(seed, name)``.
+    After loading a checkpoint into a model compiled for new targets, reach them with
+    ``retarget_(sm, {name: d.sparsity for name, d in sm.plan.sparse.items()})``.
 
         >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 8)), 0.75)
         >>> retarget_(sm, 0.5)
