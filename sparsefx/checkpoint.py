@@ -480,8 +480,8 @@ def import_nan_sentinel(
     """Load a NaN-sentinel checkpoint: mask = ~isnan(weight), NaN becomes 0 in weights and states.
 
     Every masked parameter of ``model`` takes its mask from the checkpoint (all True when its weight
-    holds no NaN). NaN in a tensor that has no mask buffer is an error. Nothing is loaded unless
-    everything fits.
+    holds no NaN); same-shape optimizer states get 0 where they hold NaN at pruned positions. NaN
+    in a tensor that has no mask buffer is an error. Nothing is loaded unless everything fits.
     """
     state, opt_state = _sentinel_parts(checkpoint, source)
     masked = masked_params(model)
@@ -510,7 +510,7 @@ def import_nan_sentinel(
         _check_optimizer_state(opt_state, f"{source}: optimizer")
         _check_optimizer_fits(optimizer, opt_state, source)
         masks = {id(masked[name][0]): keep for name, keep in keeps.items()}
-        zeroed = _map_states(optimizer, opt_state, masks, lambda t, keep: t.masked_fill(~keep, 0.0))
+        zeroed = _map_states(optimizer, opt_state, masks, _zero_pruned_nan)
         opt_state = {**opt_state, "state": zeroed}
     _load_model(model, dense, source, strict=False)
     with torch.no_grad():
@@ -520,6 +520,11 @@ def import_nan_sentinel(
             prune_(param, mask)
     if optimizer is not None:
         _load_optimizer(optimizer, opt_state, source)
+
+
+def _zero_pruned_nan(state: Tensor, keep: Tensor) -> Tensor:
+    """NaN -> 0 at pruned positions: the inverse of export, so a state exported dense stays as it was."""
+    return state.masked_fill(~keep & torch.isnan(state), 0.0)
 
 
 def _sentinel_parts(checkpoint: Any, source: str) -> tuple[dict[str, Tensor], Any]:

@@ -180,9 +180,16 @@ def test_nan_sentinel_export_marks_exactly_the_pruned_positions() -> None:
 
 def test_nan_sentinel_leaves_requires_dense_states_alone() -> None:
     sm, opt = _trained(steps=1)
-    opt.state[sm.get_parameter("net.0.weight")]["exp_avg"].requires_dense = True
-    entry = export_nan_sentinel(sm, opt)["optimizer"]["state"][0]
+    dense_state = opt.state[sm.get_parameter("net.0.weight")]["exp_avg"]
+    dense_state.requires_dense = True
+    dense_state[~sm.masks["net.0.weight"]] = 0.5
+    sentinel = export_nan_sentinel(sm, opt)
+    entry = sentinel["optimizer"]["state"][0]
     assert not entry["exp_avg"].isnan().any() and entry["exp_avg_sq"].isnan().any()
+    sm2, opt2 = _fresh()
+    import_nan_sentinel(sm2, sentinel, opt2)  # and back: the dense state keeps its pruned entries
+    assert torch.equal(opt2.state[sm2.get_parameter("net.0.weight")]["exp_avg"], dense_state)
+    _assert_same_optimizer(opt, opt2)
 
 
 def test_nan_sentinel_import_restores_masks_and_zeros_bit_exactly(tmp_path: Path) -> None:
