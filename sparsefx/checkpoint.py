@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 from .ops import prune_
 
 __all__ = [
@@ -269,11 +269,13 @@ def load_checkpoint(
     model: nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     *,
+    sparsity: Any = None,
     map_location: Any = "cpu",
 ) -> dict[str, Any]:
-    """Read and validate a checkpoint; load it into ``model`` and ``optimizer`` when given.
+    """Read and validate a checkpoint; load it into ``model``, ``optimizer`` and ``sparsity`` when given.
 
     Nothing is loaded unless everything fits. Pruned weights are re-zeroed after loading.
+    ``sparsity`` (a SparsityAlgorithm) gets its step and generator state back, for a bit-identical resume.
     """
     ckpt = _validate(read_file(path, map_location), path)
     if optimizer is not None and ckpt["optimizer"] is None:
@@ -289,6 +291,15 @@ def load_checkpoint(
                 prune_(param, mask)
     if optimizer is not None:
         _load_optimizer(optimizer, ckpt["optimizer"], path)
+    if sparsity is not None:
+        if ckpt["sparsity"] is None:
+            raise CheckpointError(f"{path}: holds no sparsity algorithm state")
+        try:
+            sparsity.load_state_dict(ckpt["sparsity"])
+        except (ConfigError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"{path}: sparsity state does not fit {type(sparsity).__name__}: {exc}"
+            ) from exc
     return ckpt
 
 

@@ -186,11 +186,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     console.print(_sparse_table(plan, cfg))
     console.print(_dense_table(plan))
     console.print(_plan_summary(plan))
-    dynamic = sorted({d.algorithm for d in plan.sparse.values() if d.algorithm not in (None, "static")})
-    if dynamic:
-        console.print(
-            f"note: {', '.join(dynamic)} validated, but compile supports only static sparsity in this version"
-        )
     if logger.isEnabledFor(logging.DEBUG):
         console.print(_decisions_table(plan))
     return 0
