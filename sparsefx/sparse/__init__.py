@@ -25,6 +25,7 @@ __all__ = [
     "RigL",
     "Group",
     "build_algorithm",
+    "tensorboard_hook",
 ]
 
 _HOME = {
@@ -37,6 +38,7 @@ _HOME = {
     "RigL": "rigl",
     "Group": "group",
     "build_algorithm": "build",
+    "tensorboard_hook": "logging",
 }
 
 
