@@ -264,3 +264,25 @@ def test_model_apply_global_magnitude_is_one_top_k_across_layers() -> None:
     assert len({round(float(m.float().mean()), 3) for m in masks.values()}) > 1, "levels differ per layer"
     compiled = sparsefx.compile(_mlp(), {"sparsity": 0.9, "distribution": "global"}).masks
     assert all(torch.equal(compiled[n], masks[n]) for n in masks)
+
+
+def test_grad_scaler_skipped_step_changes_no_mask() -> None:
+    model = _mlp()
+    sparsity = SET(sparsity=0.8, update={"freq": 1})
+    model.apply(sparsity)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sparsity.apply(opt)
+    scaler = torch.amp.GradScaler("cpu")
+    before = {n: m.clone() for n, m in sparsity.masks.items()}
+    x, y = _data()
+    scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+    model.net[2].weight.grad[0, 0] = float("inf")
+    scaler.step(opt)  # finds the inf, skips optimizer.step(), so no re-prune and no update
+    scaler.update()
+    assert sparsity.step == 0
+    assert all(torch.equal(before[n], m) for n, m in sparsity.masks.items())
+    opt.zero_grad()
+    scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert sparsity.step == 1 and any(not torch.equal(before[n], m) for n, m in sparsity.masks.items())
