@@ -9,7 +9,9 @@ gradients over two micro-batches under ``no_sync``.
 
 All scenarios run in one pair of spawned processes (one process group), so torch is imported once
 per rank; each rank writes one JSON record per scenario and the tests read them. The two last
-scenarios show known divergences in ``DynamicSparsityAlgorithm.update`` (see their xfail reasons).
+scenarios cover backward running in a different order on each rank, and a non-finite dense gradient
+on one rank only: ``DynamicSparsityAlgorithm`` reduces every parameter in a fixed order, before it checks
+finiteness, so both keep the ranks in step.
 """
 
 from __future__ import annotations
@@ -224,37 +226,7 @@ def _records(run: tuple[Path, str], scenario: str) -> list[Record]:
     return [json.loads(f.read_text()) for f in files]
 
 
-DIVERGENCE = "sparsefx/sparse/base.py DynamicSparsityAlgorithm.{}: fix there, then drop this xfail"
-
-
-@pytest.mark.parametrize(
-    "scenario",
-    [
-        *CHECKED,
-        pytest.param(
-            "rigl-branch-order",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=DIVERGENCE.format(
-                    "_sync_dense_grads all-reduces dense gradients in the order backward produced them "
-                    "(dict insertion), not in self.params order; ranks whose backward order differs "
-                    "sum different parameters' gradients"
-                ),
-            ),
-        ),
-        pytest.param(
-            "rigl-nan-on-one-rank",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=DIVERGENCE.format(
-                    "update checks _grads_finite on the local dense gradients before _sync_dense_grads; "
-                    "a rank that sees a non-finite one skips the all-reduce the others enter "
-                    "(gloo collective mismatch)"
-                ),
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("scenario", [*CHECKED, "rigl-branch-order", "rigl-nan-on-one-rank"])
 def test_masks_and_weights_are_bit_identical_across_ranks_at_every_step(
     run: tuple[Path, str], scenario: str
 ) -> None:

@@ -328,10 +328,10 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         self.step += 1
         if not self.update_schedule(self.step):
             return
+        self._sync_dense_grads()  # before the finiteness check: a NaN on one rank reaches every rank
         if not self._grads_finite():
             self._dense_grads.clear()
             return
-        self._sync_dense_grads()
         for name, sp in self.params.items():
             old = sp.mask.clone()
             self.current = sp
@@ -365,11 +365,16 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         return True
 
     def _sync_dense_grads(self) -> None:
-        """Average captured dense gradients over ranks, so every rank computes the same masks."""
-        if not self._dense_grads or not (dist.is_available() and dist.is_initialized()):
+        """Average captured dense gradients over ranks, so every rank computes the same masks.
+
+        Every rank reduces every parameter, in the parameters' fixed order (a parameter this rank did
+        not use contributes zeros), so the collectives match whatever order backward ran in.
+        """
+        if not self.needs_dense_grad or not (dist.is_available() and dist.is_initialized()):
             return
         world = dist.get_world_size()
-        for grad in self._dense_grads.values():
+        for name, sp in self.params.items():
+            grad = self._dense_grads.setdefault(name, torch.zeros_like(sp.param))
             dist.all_reduce(grad)
             grad.div_(world)
 
