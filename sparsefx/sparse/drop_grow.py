@@ -35,14 +35,19 @@ def drop_and_grow(
         )
     n_drop = int(drop_fraction * min(nnz, k))
     survivors = min(nnz, k) - n_drop
-    keep = select_largest(torch.where(flat_mask, magnitude_key(weight).reshape(-1) + 1, 0), survivors)
+    keep = select_largest(_keys(weight, flat_mask), survivors)
     inactive = int((~flat_mask).count_nonzero())
     grow = min(k - survivors, inactive)
-    grown = select_largest(torch.where(flat_mask, 0, magnitude_key(grow_score).reshape(-1) + 1), grow)
+    grown = select_largest(_keys(grow_score, ~flat_mask), grow)
     return (keep | grown).reshape(mask.shape)
 
 
 def magnitude_key(t: Tensor) -> Tensor:
-    """``|t|`` as non-negative int64 keys that order like the values (NaN and Inf count as 0)."""
+    """``|t|`` as non-negative int32 keys (float32 bits) ordered like the values; NaN, Inf count as 0."""
     magnitude = t.detach().float().abs().nan_to_num(nan=0.0, posinf=0.0)
-    return magnitude.view(torch.int32).to(torch.int64)
+    return magnitude.view(torch.int32)
+
+
+def _keys(t: Tensor, where: Tensor) -> Tensor:
+    """Flat keys: ``magnitude_key + 1`` (at most 0x7F800000, so int32 holds it) where ``where``, else 0."""
+    return (magnitude_key(t).reshape(-1) + 1).masked_fill_(~where, 0)
