@@ -1,7 +1,7 @@
 """Time the stages of the real ``sparsefx.compile``, and a cProfile helper.
 
 ``staged_compile`` calls ``sparsefx.compile`` with three names in ``sparsefx.compiler`` patched for
-the duration of the call: ``capture`` and ``_prune_weights`` are wrapped in timers, and
+the duration of the call: ``capture`` and the algorithm's ``bind`` (which prunes) are wrapped in timers, and
 ``PassManager`` is replaced by a subclass that wraps every pass in ``_Timed`` (which keeps the
 pass's ``name``). Whatever pipeline the compiler builds is what gets timed, so the breakdown cannot
 drift from the library. The manager's own work (recording ``gm.code`` after each pass) shows as
@@ -81,9 +81,15 @@ def _instrumented(stages: Stages, pass_time: Stages, manager_time: list[float]) 
             finally:
                 manager_time.append(time.perf_counter() - start)
 
-    saved = {name: getattr(compiler, name) for name in ("capture", "_prune_weights", "PassManager")}
+    saved = {name: getattr(compiler, name) for name in ("capture", "build_algorithm", "PassManager")}
     compiler.capture = _timer(saved["capture"], stages, lambda c: f"capture ({c.method})")
-    compiler._prune_weights = _timer(saved["_prune_weights"], stages, lambda _: "prune weights")
+
+    def timed_build(cfg: Any) -> Any:
+        algorithm = saved["build_algorithm"](cfg)
+        algorithm.bind = _timer(algorithm.bind, stages, lambda _: "bind algorithm (prune weights)")
+        return algorithm
+
+    compiler.build_algorithm = timed_build
     compiler.PassManager = TimedManager
     try:
         yield
