@@ -74,7 +74,11 @@ def test_spdf_pretrains_sparse_then_redensifies(outputs: dict[str, str]) -> None
 
 
 def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """Import ``examples/<name>.py`` (registered in sys.modules for the test only: dataclasses need it)."""
+    """Import ``examples/<name>.py`` (registered in sys.modules for the test only: dataclasses need it).
+
+    ``examples/`` goes on sys.path, as it is when the script runs, for the shared ``_task`` module.
+    """
+    monkeypatch.syspath_prepend(str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
