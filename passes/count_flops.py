@@ -27,10 +27,10 @@ from torch import fx, nn
 from sparsefx import ops
 from sparsefx.sparse.init import keep_count
 
-from .manager import PassResult
+from .manager import PassResult, attr_at
 from .shape_prop import PropagateShapes, sym_expr  # noqa: F401  (doctest)
 
-__all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz", "weight_read"]
+__all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz", "weight_read", "op_name"]
 
 FLOPS = "sparsefx.flops"
 aten = torch.ops.aten
@@ -103,7 +103,7 @@ def _count(gm: fx.GraphModule, node: fx.Node, density: dict) -> NodeFlops | None
     if dense is None:
         return None
     scale = next((density[a] for a in node.args if isinstance(a, fx.Node) and a in density), sympy.Integer(1))
-    return NodeFlops(node.name, _op_name(node), weight_read(gm, node), dense, sympy.expand(dense * scale))
+    return NodeFlops(node.name, op_name(node), weight_read(gm, node), dense, sympy.expand(dense * scale))
 
 
 def weight_read(gm: fx.GraphModule, node: fx.Node) -> str | None:
@@ -115,7 +115,7 @@ def weight_read(gm: fx.GraphModule, node: fx.Node) -> str | None:
     for arg in node.all_input_nodes:
         source = arg.args[0] if arg.op == "call_function" and arg.target is ops.apply_mask else arg
         if isinstance(source, fx.Node) and source.op == "get_attr":
-            value = _attr(gm, str(source.target))
+            value = attr_at(gm, str(source.target))
             if isinstance(value, nn.Parameter):
                 found.append((str(source.target), value))
     return max(found, key=lambda item: item[1].dim())[0] if found else None
@@ -123,8 +123,8 @@ def weight_read(gm: fx.GraphModule, node: fx.Node) -> str | None:
 
 def _masked(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> NodeFlops:
     w_node = node.args[ops.WEIGHT_ARG[node.target]]
-    weight = _attr(gm, w_node.target)
-    mask = _attr(gm, node.args[ops.WEIGHT_ARG[node.target] + 1].target)
+    weight = attr_at(gm, w_node.target)
+    mask = attr_at(gm, node.args[ops.WEIGHT_ARG[node.target] + 1].target)
     numel, nnz = weight.numel(), mask_nnz(mask, _decision(gm, str(w_node.target)))
     if node.target is ops.masked_addmm:
         rows = _numel(gm, node.args[1].meta["val"]) / weight.shape[0]
@@ -179,7 +179,7 @@ def _dense(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> sympy.Expr |
 
 
 def _density(gm: fx.GraphModule, mask_node: fx.Node) -> sympy.Expr:
-    mask = _attr(gm, mask_node.target)
+    mask = attr_at(gm, mask_node.target)
     nnz = mask_nnz(mask, _decision(gm, str(mask_node.target)[: -len("_mask")]))
     return sympy.Rational(nnz, max(1, mask.numel()))
 
@@ -198,14 +198,8 @@ def _size(gm: fx.GraphModule, node: Any, dim: int) -> sympy.Expr:
     return sym_expr(gm, node.meta["val"].shape[dim])
 
 
-def _attr(gm: nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _op_name(node: fx.Node) -> str:
+def op_name(node: fx.Node) -> str:
+    """A short name for what ``node`` calls: the function name, or ``call_module:<path>``."""
     if node.op == "call_module":
         return f"call_module:{node.target}"
     return getattr(node.target, "__name__", str(node.target))

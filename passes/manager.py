@@ -21,7 +21,7 @@ from torch import fx
 
 from sparsefx.errors import PassError, VerifyError
 
-__all__ = ["Pass", "PassResult", "PassManager", "NodeFailure", "fail"]
+__all__ = ["Pass", "PassResult", "PassManager", "NodeFailure", "fail", "attr_at"]
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def verify_graph(gm: fx.GraphModule) -> None:
         if node.op != "get_attr":
             continue
         try:
-            value = _get_attr(gm, node.target)
+            value = attr_at(gm, node.target)
         except AttributeError as exc:
             raise VerifyError(f"node {node.format_node()}: no attribute {node.target!r}") from exc
         if str(node.target).endswith("_mask") and isinstance(value, torch.Tensor):
@@ -122,7 +122,7 @@ def verify_graph(gm: fx.GraphModule) -> None:
 def _check_mask(gm: fx.GraphModule, node: fx.Node, mask: torch.Tensor) -> None:
     weight_name = str(node.target)[: -len("_mask")]
     try:
-        weight = _get_attr(gm, weight_name)
+        weight = attr_at(gm, weight_name)
     except AttributeError:
         return
     if mask.dtype != torch.bool:
@@ -133,7 +133,8 @@ def _check_mask(gm: fx.GraphModule, node: fx.Node, mask: torch.Tensor) -> None:
         )
 
 
-def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+def attr_at(gm: torch.nn.Module, target: str) -> Any:
+    """The attribute a ``get_attr`` target names, e.g. ``"blocks.0.fc.weight"``."""
     obj: Any = gm
     for part in target.split("."):
         obj = getattr(obj, part)

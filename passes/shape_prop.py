@@ -114,12 +114,9 @@ class _MetaRecorder(_Recorder):
         return _to_meta(super().fetch_attr(target))
 
     def call_module(self, target: str, args: tuple, kwargs: dict) -> Any:
-        module = self.fetch_attr_module(target)
+        module = self.module.get_submodule(target)
         state = {n: _to_meta(t) for n, t in (*module.named_parameters(), *module.named_buffers())}
         return torch.func.functional_call(module, state, args, kwargs)
-
-    def fetch_attr_module(self, target: str) -> torch.nn.Module:
-        return self.module.get_submodule(target)
 
 
 def _to_meta(value: Any) -> Any:

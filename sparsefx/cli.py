@@ -29,7 +29,6 @@ import rich.console
 import sympy
 import torch
 from rich.table import Table
-from torch import fx, nn
 
 import sparsefx
 from sparsefx.checkpoint import finalize
@@ -39,7 +38,7 @@ from sparsefx.demo import run_demo
 from sparsefx.errors import ConfigError, SparseFXError
 from sparsefx.model import SparseModel
 from sparsefx.models.registry import BUILTIN_MODELS, ModelSpec, build_model
-from sparsefx.passes.count_flops import weight_read
+from sparsefx.passes.count_flops import op_name, weight_read
 from sparsefx.report import flop_table, is_ascii, make_console, sparsity_table
 from sparsefx.sparse.init import keep_count
 
@@ -320,7 +319,7 @@ def _graph_rows(sm: SparseModel) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "node": f"{path}:{node.name}" if path else node.name,
-                    "op": row.op if row is not None else _op_name(node),
+                    "op": row.op if row is not None else op_name(node),
                     "param": param,
                     "sparse": sparse,
                     "shape": list(sm.get_parameter(param).shape) if param is not None else None,
@@ -331,19 +330,6 @@ def _graph_rows(sm: SparseModel) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def _attr(gm: nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
-
-def _op_name(node: fx.Node) -> str:
-    if node.op == "call_module":
-        return f"call_module:{node.target}"
-    return getattr(node.target, "__name__", str(node.target))
 
 
 def _value(expr: Any, env: dict) -> int:
