@@ -23,8 +23,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "apply_mask",
+    "select",
     "select_bits",
-    "register_dense_grad_hook",
+    "bind_weight",
     "prune_",
     "masked_linear",
     "masked_matmul",
@@ -40,14 +41,28 @@ __all__ = [
 def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
     """``weight`` with pruned positions selected to +0.0; the gradient is selected the same way.
 
-    Equal to ``torch.where(mask, weight, 0)``, but done as a bitwise AND of the float bits with an
-    all-ones/all-zeros integer mask: a true select (NaN at a pruned position cannot leak), and on
-    CPU several times faster than ``where`` on a bool mask, which runs twice per weight per step.
+    Equal to ``torch.where(mask, weight, 0)``. Two implementations give that result:
+
+    * A weight bound with ``bind_weight`` (a compiled model's own parameter) is zeroed in place at
+      its pruned positions, unless it is known to be already (same mask, and neither tensor's
+      version counter has moved since), and returned as is. Its gradient is selected by the hook
+      its sparsity algorithm registered. No autograd node, no copy: in a training step this costs
+      one in-place pass after each optimizer step, and nothing in a forward that follows another.
+    * Any other tensor (a tensor passed to ``torch.func.functional_call``, or a trace) goes through
+      an autograd function: a bitwise AND of the float bits with an all-ones/all-zeros integer
+      mask, forward and backward. It is a true select (NaN at a pruned position cannot leak), and on
+      CPU several times faster than ``where`` on a bool mask.
     """
     bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
     if bits_dtype is None or weight.device.type == "meta":
         return torch.where(mask, weight, 0.0)
-    return _BitSelect.apply(weight, select_bits(mask, bits_dtype), _DENSE_GRAD_HOOKS.get(mask))
+    if _tracing():
+        return _BitSelect.apply(weight, select_bits(mask, bits_dtype))
+    binding = _BOUND.get(weight)
+    if binding is not None and binding.mask() is mask:
+        binding.make_clean(weight, mask)
+        return weight
+    return _BitSelect.apply(weight, select_bits(mask, bits_dtype))
 
 
 _SAME_WIDTH_INT = {
@@ -73,16 +88,55 @@ def prune_(weight: Tensor, mask: Tensor) -> Tensor:
     return weight
 
 
-_DENSE_GRAD_HOOKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+def select(x: Tensor, mask: Tensor) -> Tensor:
+    """``torch.where(mask, x, 0)`` as a new tensor, without autograd (gradient hooks use it).
+
+    >>> select(torch.tensor([1.0, float("inf"), 3.0]), torch.tensor([True, False, True]))
+    tensor([1., 0., 3.])
+    """
+    bits_dtype = _SAME_WIDTH_INT.get(x.dtype)
+    if bits_dtype is None or x.device.type == "meta" or x.layout != torch.strided or _tracing():
+        return torch.where(mask, x, 0.0)
+    return _and(x, select_bits(mask, bits_dtype))
 
 
-def register_dense_grad_hook(mask: Tensor, hook: Callable[[Tensor], None] | None) -> None:
-    """Call ``hook(dense_grad)`` with the full gradient of every weight masked by ``mask``, before the
-    gradient is selected (RigL grows by it). ``None`` removes the hook."""
-    if hook is None:
-        _DENSE_GRAD_HOOKS.pop(mask, None)
+class _Binding:
+    """What ``apply_mask`` knows of a bound weight: how to find its mask, and when it was last clean."""
+
+    __slots__ = ("mask", "clean_mask", "clean_versions")
+
+    def __init__(self, mask: Callable[[], Tensor]) -> None:
+        self.mask = mask
+        self.clean_mask: Tensor | None = None
+        self.clean_versions = (-1, -1)
+
+    def make_clean(self, weight: Tensor, mask: Tensor) -> None:
+        """Zero ``weight``'s pruned positions unless nothing has written to it or to ``mask`` since."""
+        versions = (weight._version, mask._version)
+        if self.clean_mask is mask and self.clean_versions == versions:
+            return
+        # Through ``.data``: the values a forward reads are unchanged where the mask keeps them, and a
+        # version bump would invalidate tensors that earlier graphs saved for backward.
+        prune_(weight.data, mask)
+        self.clean_mask, self.clean_versions = mask, versions
+
+
+_BOUND: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def bind_weight(weight: Tensor, mask: Callable[[], Tensor] | None) -> None:
+    """Let ``apply_mask`` zero ``weight`` in place and use it directly (``None`` unbinds).
+
+    ``mask()`` returns the weight's current mask. Only the owner of ``weight``'s gradient may bind
+    it: the caller promises that every gradient of ``weight`` is selected by a hook of its own
+    (``SparsityAlgorithm`` registers one), since the masked ops then add no autograd node.
+    Writes through ``weight.data`` do not move its version counter; after one that puts nonzero
+    values at pruned positions, call ``prune_(weight.data, mask)`` (``sparsity.prune_weights()``).
+    """
+    if mask is None:
+        _BOUND.pop(weight, None)
     else:
-        _DENSE_GRAD_HOOKS[mask] = hook
+        _BOUND[weight] = _Binding(mask)
 
 
 def select_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -107,25 +161,19 @@ def _tracing() -> bool:
 
 
 class _BitSelect(torch.autograd.Function):
-    """``x`` with its bits ANDed with ``bits`` (0 or -1 per entry); the gradient is selected alike.
-
-    ``hook``, when given, sees the dense gradient first.
-    """
+    """``x`` with its bits ANDed with ``bits`` (0 or -1 per entry); the gradient is selected alike."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, bits: Tensor, hook: Callable[[Tensor], None] | None = None) -> Tensor:
+    def forward(ctx: Any, x: Tensor, bits: Tensor) -> Tensor:
         ctx.save_for_backward(bits)
-        ctx.hook = hook
         return _and(x, bits)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (bits,) = ctx.saved_tensors
-        if ctx.hook is not None:
-            ctx.hook(grad)
         if torch.is_grad_enabled():  # create_graph=True: stay differentiable for double backward
-            return _BitSelect.apply(grad, bits), None, None
-        return _and(grad, bits), None, None
+            return _BitSelect.apply(grad, bits), None
+        return _and(grad, bits), None
 
 
 def _and(x: Tensor, bits: Tensor) -> Tensor:

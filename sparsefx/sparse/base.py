@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
-from ..ops import prune_, register_dense_grad_hook
+from ..ops import bind_weight, prune_, select
 from .distributions import global_magnitude_masks
 from .init import make_mask
 from .registry import register_algorithm
@@ -128,7 +128,8 @@ class SparsityAlgorithm(ABC):
         """Own the masks of ``model``'s selected parameters, creating masks that do not exist yet.
 
         ``plan`` is the decision per parameter (default: this algorithm's own filter over ``model``);
-        ``graph_masked`` says the model's graph already selects gradients (a compiled SparseModel).
+        ``graph_masked`` says ``model`` is a compiled SparseModel whose masked ops read these weights;
+        they are bound to them (``ops.bind_weight``), so the ops use the pruned weights in place.
         """
         plan = plan if plan is not None else resolve_plan(SparsityConfig((self.group,)), model)
         self._graph_masked = graph_masked
@@ -185,8 +186,9 @@ class SparsityAlgorithm(ABC):
         self.params[decision.name] = sp
         if self.needs_dense_grad:  # before the select hook below, so it sees the full gradient
             self._capture_dense_grad(sp)
-        if not self._graph_masked:
-            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
+        self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
+        if self._graph_masked:  # the graph's masked ops may now use the weight itself (see ops.bind_weight)
+            bind_weight(sp.param, lambda sp=sp: sp.mask)
 
     def _capture_dense_grad(self, sp: SparseParam) -> None:
         raise NotImplementedError(f"{type(self).__name__} sets needs_dense_grad but cannot capture gradients")
@@ -382,10 +384,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
 
     def _capture_dense_grad(self, sp: SparseParam) -> None:
         """Keep ``sp``'s full gradient (before masking), summed over micro-batches."""
-        if self._graph_masked:
-            register_dense_grad_hook(sp.mask, lambda g, name=sp.name: self._accumulate(name, g))
-        else:
-            self._grad_hooks.append(sp.param.register_hook(lambda g, name=sp.name: self._accumulate(name, g)))
+        self._grad_hooks.append(sp.param.register_hook(lambda g, name=sp.name: self._accumulate(name, g)))
 
     def _accumulate(self, name: str, grad: Tensor) -> None:
         if not self.update_schedule(self.step + 1):
@@ -412,7 +411,9 @@ def _has_mask(model: nn.Module, name: str) -> bool:
 
 
 def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:
-    return torch.where(sp.mask, grad, 0.0)
+    if grad.requires_grad:  # create_graph=True: stay differentiable
+        return torch.where(sp.mask, grad, 0.0)
+    return select(grad, sp.mask)
 
 
 def _maskable(value: Any, param: Tensor) -> bool:
