@@ -19,13 +19,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.weak import WeakIdKeyDictionary
+
+from .bound import use_bound
+from .identity_map import IdentityMap
 
 __all__ = [
     "apply_mask",
     "select",
     "select_bits",
-    "bind_weight",
     "prune_",
     "masked_linear",
     "masked_matmul",
@@ -43,11 +44,10 @@ def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
 
     Equal to ``torch.where(mask, weight, 0)``. Two implementations give that result:
 
-    * A weight bound with ``bind_weight`` (a compiled model's own parameter) is zeroed in place at
-      its pruned positions, unless it is known to be already (same mask, and neither tensor's
-      version counter has moved since), and returned as is. Its gradient is selected by the hook
-      its sparsity algorithm registered. No autograd node, no copy: in a training step this costs
-      one in-place pass after each optimizer step, and nothing in a forward that follows another.
+    * A weight bound with ``sparsefx.bound.bind_weight`` (a compiled model's own parameter) is
+      zeroed in place at its pruned positions unless it is known to be already, and returned as
+      is; its gradient is selected by its sparsity algorithm's hook. No autograd node and no copy;
+      usually no pass over the weight at all (see ``sparsefx.bound``).
     * Any other tensor (a tensor passed to ``torch.func.functional_call``, or a trace) goes through
       an autograd function: a bitwise AND of the float bits with an all-ones/all-zeros integer
       mask, forward and backward. It is a true select (NaN at a pruned position cannot leak), and on
@@ -57,12 +57,10 @@ def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
     if bits_dtype is None or weight.device.type == "meta":
         return torch.where(mask, weight, 0.0)
     if _tracing():
-        return _BitSelect.apply(weight, select_bits(mask, bits_dtype))
-    binding = _BOUND.get(weight)
-    if binding is not None and binding.mask() is mask:
-        binding.make_clean(weight, mask)
+        return _BitSelect.apply(weight, mask.to(bits_dtype).neg_())
+    if use_bound(weight, mask):
         return weight
-    return _BitSelect.apply(weight, select_bits(mask, bits_dtype))
+    return _BitSelect.apply(weight, _cached_bits(mask, bits_dtype))
 
 
 _SAME_WIDTH_INT = {
@@ -71,7 +69,7 @@ _SAME_WIDTH_INT = {
     torch.float32: torch.int32,
     torch.float64: torch.int64,
 }
-_BITS_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()  # keyed by tensor identity, not value
+_BITS_CACHE: IdentityMap[tuple[int, torch.dtype, Tensor]] = IdentityMap()  # by identity, not value
 
 
 @torch.no_grad()
@@ -97,59 +95,28 @@ def select(x: Tensor, mask: Tensor) -> Tensor:
     bits_dtype = _SAME_WIDTH_INT.get(x.dtype)
     if bits_dtype is None or x.device.type == "meta" or x.layout != torch.strided or _tracing():
         return torch.where(mask, x, 0.0)
-    return _and(x, select_bits(mask, bits_dtype))
-
-
-class _Binding:
-    """What ``apply_mask`` knows of a bound weight: how to find its mask, and when it was last clean."""
-
-    __slots__ = ("mask", "clean_mask", "clean_versions")
-
-    def __init__(self, mask: Callable[[], Tensor]) -> None:
-        self.mask = mask
-        self.clean_mask: Tensor | None = None
-        self.clean_versions = (-1, -1)
-
-    def make_clean(self, weight: Tensor, mask: Tensor) -> None:
-        """Zero ``weight``'s pruned positions unless nothing has written to it or to ``mask`` since."""
-        versions = (weight._version, mask._version)
-        if self.clean_mask is mask and self.clean_versions == versions:
-            return
-        # Through ``.data``: the values a forward reads are unchanged where the mask keeps them, and a
-        # version bump would invalidate tensors that earlier graphs saved for backward.
-        prune_(weight.data, mask)
-        self.clean_mask, self.clean_versions = mask, versions
-
-
-_BOUND: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def bind_weight(weight: Tensor, mask: Callable[[], Tensor] | None) -> None:
-    """Let ``apply_mask`` zero ``weight`` in place and use it directly (``None`` unbinds).
-
-    ``mask()`` returns the weight's current mask. Only the owner of ``weight``'s gradient may bind
-    it: the caller promises that every gradient of ``weight`` is selected by a hook of its own
-    (``SparsityAlgorithm`` registers one), since the masked ops then add no autograd node.
-    Writes through ``weight.data`` do not move its version counter; after one that puts nonzero
-    values at pruned positions, call ``prune_(weight.data, mask)`` (``sparsity.prune_weights()``).
-    """
-    if mask is None:
-        _BOUND.pop(weight, None)
-    else:
-        _BOUND[weight] = _Binding(mask)
+    return _and(x, _cached_bits(mask, bits_dtype))
 
 
 def select_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """``mask`` as integers of ``dtype``: -1 (all bits set) where True, 0 where False.
 
     Cached per mask tensor and rebuilt when the mask changes in place (its version counter moves).
+
+    >>> select_bits(torch.tensor([True, False]), torch.int32)
+    tensor([-1,  0], dtype=torch.int32)
     """
+    if _tracing():
+        return mask.to(dtype).neg_()
+    return _cached_bits(mask, dtype)
+
+
+def _cached_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
     cached = _BITS_CACHE.get(mask)
-    if cached is not None and cached[0] == mask._version and cached[1] == dtype and not _tracing():
+    if cached is not None and cached[0] == mask._version and cached[1] == dtype:
         return cached[2]
     bits = mask.to(dtype).neg_()
-    if not _tracing():
-        _BITS_CACHE[mask] = (mask._version, dtype, bits)
+    _BITS_CACHE[mask] = (mask._version, dtype, bits)
     return bits
 
 

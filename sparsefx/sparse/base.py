@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..bound import bind_weight, note_grad_accumulated, note_grad_source, note_state_masked
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
-from ..ops import bind_weight, prune_, select
+from ..ops import prune_, select
 from .distributions import global_magnitude_masks
 from .init import make_mask
 from .registry import register_algorithm
@@ -186,9 +187,12 @@ class SparsityAlgorithm(ABC):
         self.params[decision.name] = sp
         if self.needs_dense_grad:  # before the select hook below, so it sees the full gradient
             self._capture_dense_grad(sp)
-        self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
-        if self._graph_masked:  # the graph's masked ops may now use the weight itself (see ops.bind_weight)
+        if self._graph_masked:  # the graph's masked ops use the weight itself (see sparsefx.bound)
             bind_weight(sp.param, lambda sp=sp: sp.mask)
+            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_noted_grad(g, sp)))
+            self._grad_hooks.append(sp.param.register_post_accumulate_grad_hook(note_grad_accumulated))
+        else:
+            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
 
     def _capture_dense_grad(self, sp: SparseParam) -> None:
         raise NotImplementedError(f"{type(self).__name__} sets needs_dense_grad but cannot capture gradients")
@@ -231,6 +235,7 @@ class SparsityAlgorithm(ABC):
             for value in state.values():
                 if _maskable(value, param):
                     prune_(value, sp.mask)
+            note_state_masked(optimizer, param)
 
     def _apply_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._bind_pending()
@@ -408,6 +413,11 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
 def _has_mask(model: nn.Module, name: str) -> bool:
     owner_path, _, attr = name.rpartition(".")
     return f"{attr}_mask" in model.get_submodule(owner_path)._buffers
+
+
+def _select_noted_grad(grad: Tensor, sp: SparseParam) -> Tensor:
+    note_grad_source(sp.param)
+    return _select_grad(grad, sp)
 
 
 def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:
