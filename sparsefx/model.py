@@ -22,6 +22,7 @@ import torch
 from torch import fx, nn
 
 from .config import SparsityConfig, SparsityPlan
+from .ops import WEIGHT_ARG
 from .passes.count_flops import NodeFlops, mask_nnz
 
 __all__ = ["SparseModel", "ParamReport"]
@@ -88,6 +89,30 @@ class SparseModel(nn.Module):
     def graph_module(self) -> fx.GraphModule | None:
         """The whole-model graph, or None when the root runs eagerly (partial capture)."""
         return self.graphs.get("")
+
+    def weights_with_fresh_grads(self) -> frozenset[str]:
+        """Sparse weights read only as the weight operand of named masked ops of the whole-model graph.
+
+        The backward of those ops (linear, matmul, addmm, conv) computes the weight's gradient into
+        a new tensor that nothing else holds, so the gradient hook may select it in place. A weight
+        read any other way, or a model captured in parts, is not listed.
+        """
+        gm = self.graph_module
+        if gm is None:
+            return frozenset()
+        fresh, other = set(), set()
+        for node in gm.graph.nodes:
+            if node.op != "get_attr" or node.target not in self.plan.sparse:
+                continue
+            named = all(
+                user.op == "call_function"
+                and user.target in WEIGHT_ARG
+                and user.args[WEIGHT_ARG[user.target]] is node
+                and sum(a is node for a in (*user.args, *user.kwargs.values())) == 1
+                for user in node.users
+            )
+            (fresh if named and node.users else other).add(node.target)
+        return frozenset(fresh - other)
 
     @property
     def masks(self) -> dict[str, torch.Tensor]:

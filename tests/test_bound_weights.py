@@ -267,3 +267,30 @@ def test_inference_mode_and_export_of_a_compiled_model() -> None:
     torch.testing.assert_close(out, _reference(sm, plain, x))
     exported = torch.export.export(sm, (x,)).module()
     torch.testing.assert_close(exported(x), sm(x))
+
+
+class _TwoReads(nn.Module):
+    """``fc.weight`` is read by a linear and by a sum; ``out.weight`` only by a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.out = nn.Linear(12, 24), nn.Linear(24, 5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(torch.relu(self.fc(x))) + self.fc.weight.sum()
+
+
+def test_only_weights_read_by_named_ops_have_their_gradients_selected_in_place() -> None:
+    model = _TwoReads()
+    plain = copy.deepcopy(model)
+    sm = sparsefx.compile(model, 0.75)
+    assert sm.weights_with_fresh_grads() == {"out.weight"}
+    x = torch.randn(6, 12)
+    sm(x).sum().backward()
+    params = {n: p.detach().clone().requires_grad_() for n, p in sm.named_parameters()}
+    masked = {n: torch.where(sm.masks[n], p, 0.0) if n in sm.masks else p for n, p in params.items()}
+    functional_call(plain, masked, (x,)).sum().backward()
+    for name, p in sm.named_parameters():
+        torch.testing.assert_close(p.grad, params[name].grad, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(sm(x), functional_call(plain, masked, (x,)))

@@ -101,6 +101,7 @@ class SparsityAlgorithm(ABC):
         self._target_hooks: list[Hook] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._graph_masked = False
+        self._fresh_grads: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------------------------ binding
 
@@ -134,6 +135,8 @@ class SparsityAlgorithm(ABC):
         """
         plan = plan if plan is not None else resolve_plan(SparsityConfig((self.group,)), model)
         self._graph_masked = graph_masked
+        fresh = getattr(model, "weights_with_fresh_grads", None)
+        self._fresh_grads = fresh() if graph_masked and fresh is not None else frozenset()
         premade = self._global_masks(model, plan)
         for decision in plan.sparse.values():
             self._bind_param(model, decision, premade.get(decision.name))
@@ -189,7 +192,8 @@ class SparsityAlgorithm(ABC):
             self._capture_dense_grad(sp)
         if self._graph_masked:  # the graph's masked ops use the weight itself (see sparsefx.bound)
             bind_weight(sp.param, lambda sp=sp: sp.mask)
-            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_noted_grad(g, sp)))
+            select = _select_fresh_grad if sp.name in self._fresh_grads else _select_noted_grad
+            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp, select=select: select(g, sp)))
             self._grad_hooks.append(sp.param.register_post_accumulate_grad_hook(note_grad_accumulated))
         else:
             self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
@@ -418,6 +422,15 @@ def _has_mask(model: nn.Module, name: str) -> bool:
 def _select_noted_grad(grad: Tensor, sp: SparseParam) -> Tensor:
     note_grad_source(sp.param)
     return _select_grad(grad, sp)
+
+
+def _select_fresh_grad(grad: Tensor, sp: SparseParam) -> Tensor:
+    """Select in place a gradient that a named masked op's backward just computed (nothing else
+    holds it; see ``SparseModel.weights_with_fresh_grads``): half the memory traffic of a copy."""
+    note_grad_source(sp.param)
+    if grad.requires_grad or not grad.is_contiguous() or grad.layout != torch.strided:
+        return _select_grad(grad, sp)
+    return prune_(grad, sp.mask)
 
 
 def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:
