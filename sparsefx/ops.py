@@ -26,6 +26,7 @@ from .identity_map import IdentityMap
 __all__ = [
     "apply_mask",
     "select",
+    "select_",
     "select_bits",
     "prune_",
     "masked_linear",
@@ -53,13 +54,15 @@ def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
       mask, forward and backward. It is a true select (NaN at a pruned position cannot leak), and on
       CPU several times faster than ``where`` on a bool mask.
     """
+    if not torch.compiler.is_compiling() and use_bound(
+        weight, mask
+    ):  # a fake or traced tensor is never bound
+        return weight
     bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
-    if bits_dtype is None or weight.device.type == "meta":
+    if bits_dtype is None or weight.is_meta:
         return torch.where(mask, weight, 0.0)
     if _tracing():
         return _BitSelect.apply(weight, mask.to(bits_dtype).neg_())
-    if use_bound(weight, mask):
-        return weight
     return _BitSelect.apply(weight, _cached_bits(mask, bits_dtype))
 
 
@@ -86,6 +89,19 @@ def prune_(weight: Tensor, mask: Tensor) -> Tensor:
     return weight
 
 
+def select_(x: Tensor, mask: Tensor) -> Tensor:
+    """``prune_`` for a contiguous float tensor outside autograd (a gradient in a hook): no checks.
+
+    >>> select_(torch.tensor([1.0, 2.0]), torch.tensor([False, True]))
+    tensor([0., 2.])
+    """
+    bits_dtype = _SAME_WIDTH_INT.get(x.dtype)
+    if bits_dtype is None:
+        return x.masked_fill_(~mask, 0.0)
+    x.view(bits_dtype).bitwise_and_(_cached_bits(mask, bits_dtype))
+    return x
+
+
 def select(x: Tensor, mask: Tensor) -> Tensor:
     """``torch.where(mask, x, 0)`` as a new tensor, without autograd (gradient hooks use it).
 
@@ -93,7 +109,7 @@ def select(x: Tensor, mask: Tensor) -> Tensor:
     tensor([1., 0., 3.])
     """
     bits_dtype = _SAME_WIDTH_INT.get(x.dtype)
-    if bits_dtype is None or x.device.type == "meta" or x.layout != torch.strided or _tracing():
+    if bits_dtype is None or x.is_meta or x.layout != torch.strided or _tracing():
         return torch.where(mask, x, 0.0)
     return _and(x, _cached_bits(mask, bits_dtype))
 

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ..bound import bind_weight, note_grad_accumulated, note_grad_source, note_state_masked
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
-from ..ops import prune_, select
+from ..ops import prune_, select, select_
 from .distributions import global_magnitude_masks
 from .init import make_mask
 from .registry import register_algorithm
@@ -59,13 +59,16 @@ class SparseParam:
     def param(self) -> nn.Parameter:
         return self.owner._parameters[self.attr]
 
+    def __post_init__(self) -> None:
+        self._mask_key = f"{self.attr}_mask"
+
     @property
     def mask(self) -> Tensor:
-        return self.owner._buffers[f"{self.attr}_mask"]
+        return self.owner._buffers[self._mask_key]
 
     @mask.setter
     def mask(self, value: Tensor) -> None:
-        self.owner._buffers[f"{self.attr}_mask"].copy_(value)
+        self.owner._buffers[self._mask_key].copy_(value)
 
 
 class SparsityAlgorithm(ABC):
@@ -428,9 +431,9 @@ def _select_fresh_grad(grad: Tensor, sp: SparseParam) -> Tensor:
     """Select in place a gradient that a named masked op's backward just computed (nothing else
     holds it; see ``SparseModel.weights_with_fresh_grads``): half the memory traffic of a copy."""
     note_grad_source(sp.param)
-    if grad.requires_grad or not grad.is_contiguous() or grad.layout != torch.strided:
+    if grad.requires_grad or grad.layout != torch.strided or not grad.is_contiguous() or grad.is_meta:
         return _select_grad(grad, sp)
-    return prune_(grad, sp.mask)
+    return select_(grad, sp.mask)
 
 
 def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:
