@@ -5,6 +5,11 @@
 * ``torch.nn.utils.prune``: ``global_unstructured`` with ``L1Unstructured`` over the same weights.
 * ``torch.ao.pruning``: ``WeightNormSparsifier`` (1x1 blocks), ``prepare`` then ``step``, with the
   parametrizations left attached during training, as users run it.
+* ``select floor`` (only with ``floor=True``): the eager model with sparsefx's masks, its pruned
+  weights zeroed once, and after each backward one in-place select of each sparse gradient, written
+  out in the step with no hooks. It is the least any correct select-based method can do per step
+  (weights stay zero under AdamW when their gradients are selected), so it bounds what sparsefx can
+  win over the others.
 
 "The same weights" are the ones sparsefx selects (``sm.masks``): every ``nn.Linear`` weight but
 ``lm_head``; embeddings, norms and biases stay dense. Each setup gets its own ``AdamW`` (default
@@ -25,9 +30,10 @@ from torch.nn.utils import prune
 
 import sparsefx
 
-__all__ = ["Variant", "build_variants", "DENSE", "SPARSEFX", "PRUNE", "AO"]
+__all__ = ["Variant", "build_variants", "DENSE", "SPARSEFX", "PRUNE", "AO", "FLOOR"]
 
 DENSE, SPARSEFX, PRUNE, AO = "dense eager", "sparsefx", "torch.nn.utils.prune", "torch.ao.pruning"
+FLOOR = "select floor"
 
 
 @dataclass
@@ -39,6 +45,7 @@ class Variant:
     optimizer: torch.optim.Optimizer
     effective: Callable[[], list[Tensor]]
     losses: list[float] = field(default_factory=list)
+    after_backward: Callable[[], None] | None = None
 
     def step_fn(self, x: Tensor, y: Tensor) -> Callable[[], None]:
         """One training step: zero_grad, forward, next-token cross-entropy, backward, AdamW step."""
@@ -48,6 +55,8 @@ class Variant:
             logits = self.model(x)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             loss.backward()
+            if self.after_backward is not None:
+                self.after_backward()
             self.optimizer.step()
             self.losses.append(loss.detach().item())
 
@@ -66,9 +75,9 @@ def _weights(model: nn.Module, paths: list[str]) -> Callable[[], list[Tensor]]:
 
 
 def build_variants(
-    base: nn.Module, example: Tensor, sparsity: float, *, fused: bool = False
+    base: nn.Module, example: Tensor, sparsity: float, *, fused: bool = False, floor: bool = False
 ) -> dict[str, Variant]:
-    """Deep-copy ``base`` four times and set each copy up; returns them keyed by display name.
+    """Deep-copy ``base`` four times (five with ``floor``) and set each copy up; keyed by display name.
 
     ``fused`` gives every variant ``AdamW(fused=True)`` instead of the default implementation.
     """
@@ -104,10 +113,26 @@ def build_variants(
         PRUNE: (pruned, _weights(pruned, paths)),
         AO: (ao, _weights(ao, paths)),
     }
+    selects: Callable[[], None] | None = None
+    if floor:
+        manual = copy.deepcopy(base)
+        pairs = [(manual.get_parameter(n), sm.masks[n].clone()) for n in names]
+        for p, mask in pairs:
+            sparsefx.ops.prune_(p.data, mask)
+
+        def selects() -> None:
+            for p, mask in pairs:
+                sparsefx.ops.select_(p.grad, mask)
+
+        variants[FLOOR] = (manual, _weights(manual, paths))
     out = {}
     for name, (model, effective) in variants.items():
         model.train()
         out[name] = Variant(
-            name, model, torch.optim.AdamW(model.parameters(), fused=fused or None), effective
+            name,
+            model,
+            torch.optim.AdamW(model.parameters(), fused=fused or None),
+            effective,
+            after_backward=selects if name == FLOOR else None,
         )
     return out

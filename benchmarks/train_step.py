@@ -29,7 +29,7 @@ from _timing import (
     verdict,
     write_json,
 )
-from _train_variants import AO, DENSE, PRUNE, SPARSEFX, build_variants
+from _train_variants import AO, DENSE, FLOOR, PRUNE, SPARSEFX, build_variants
 
 from sparsefx.models.registry import build_model
 
@@ -47,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-ratio", type=float, default=1.05, help="target: sparsefx / dense (default 1.05)")
     p.add_argument(
         "--adamw-fused", action="store_true", help="AdamW(fused=True) for every variant (default: AdamW())"
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the select floor: eager, one in-place select per sparse gradient, no hooks",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens (default 0)")
     add_json_arg(p)
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=gen)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    variants = build_variants(spec.model, x, args.sparsity, fused=args.adamw_fused)
+    variants = build_variants(spec.model, x, args.sparsity, fused=args.adamw_fused, floor=args.floor)
     n_sparse = len(variants[SPARSEFX].model.masks)
     opt_args = "fused=True" if args.adamw_fused else ""
     console.print(
@@ -107,6 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         other: summarize(paired_ratios({SPARSEFX: samples[SPARSEFX], other: samples[other]}, other)[SPARSEFX])
         for other in (PRUNE, AO)
     }
+    if args.floor:
+        floor_vs = {
+            other: summarize(paired_ratios({FLOOR: samples[FLOOR], other: samples[other]}, other)[FLOOR])
+            for other in (SPARSEFX, PRUNE, AO)
+        }
+        console.print(
+            "select floor (what a select-based method cannot go below): "
+            + ", ".join(f"÷ {k} {fmt_ratio(v)}" for k, v in floor_vs.items())
+        )
     ok_dense = to_dense[SPARSEFX].median <= args.max_ratio
     ok_beats = all(s.median < 1.0 for s in vs.values())
     console.print(
@@ -128,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                 "samples": samples,
                 "ratio_to_dense": {k: v.as_dict() for k, v in to_dense.items()},
                 "sparsefx_ratio_to": {k: v.as_dict() for k, v in vs.items()},
+                "select_floor_ratio_to": (
+                    {k: v.as_dict() for k, v in floor_vs.items()} if args.floor else None
+                ),
                 "weights_zero_fraction": sparsity,
                 "last_loss": loss,
                 "targets": {
