@@ -85,7 +85,7 @@ def prune_(weight: Tensor, mask: Tensor) -> Tensor:
     bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
     if bits_dtype is None or not weight.is_contiguous():
         return weight.masked_fill_(~mask, 0.0)
-    weight.view(bits_dtype).bitwise_and_(select_bits(mask, bits_dtype))
+    weight.view(bits_dtype).bitwise_and_(_bits_if_cached(mask, bits_dtype))
     return weight
 
 
@@ -125,6 +125,18 @@ def select_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
     if _tracing():
         return mask.to(dtype).neg_()
     return _cached_bits(mask, dtype)
+
+
+def _bits_if_cached(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The cached bits of ``mask`` when valid, else a one-off copy that is not kept.
+
+    Pruning alone (a compile, an inference model) then costs no resident copy of the masks at
+    4 bytes per entry; the first gradient selection builds the cache that training reuses.
+    """
+    cached = _BITS_CACHE.get(mask)
+    if cached is not None and cached[0] == mask._version and cached[1] == dtype:
+        return cached[2]
+    return mask.to(dtype).neg_()
 
 
 def _cached_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
