@@ -45,7 +45,7 @@ __all__ = [
     "use_bound",
     "make_clean",
     "is_clean",
-    "note_grad_source",
+    "note_selected_grad",
     "note_grad_accumulated",
     "note_state_masked",
     "ELEMENTWISE_OPTIMIZERS",
@@ -65,15 +65,24 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
 class _Binding:
     """One bound weight: how to find its mask, and what is known clean about it."""
 
-    __slots__ = ("mask", "clean_mask", "clean_versions", "grad_ref", "grad_version", "grad_from_none")
+    __slots__ = (
+        "mask",
+        "clean_mask",
+        "clean_versions",
+        "grad_ref",
+        "grad_version",
+        "grad_base_clean",
+        "select_hook",
+    )
 
-    def __init__(self, mask: Callable[[], Tensor]) -> None:
+    def __init__(self, mask: Callable[[], Tensor], select_hook: int | None) -> None:
         self.mask = mask
         self.clean_mask: Tensor | None = None
         self.clean_versions = (-1, -1)
         self.grad_ref: weakref.ref[Tensor] | None = None  # the .grad last known clean, and its version
         self.grad_version = -1
-        self.grad_from_none = False
+        self.grad_base_clean = False
+        self.select_hook = select_hook  # id of the tensor hook that selects this weight's gradients
 
     def is_clean(self, weight: Tensor, mask: Tensor) -> bool:
         return self.clean_mask is mask and self.clean_versions == (weight._version, mask._version)
@@ -90,18 +99,19 @@ _BOUND: IdentityMap[_Binding] = IdentityMap()
 _GENERATION = [0]  # moves on every (un)binding, so per-optimizer caches of bound weights refresh
 
 
-def bind_weight(weight: Tensor, mask: Callable[[], Tensor] | None) -> None:
+def bind_weight(weight: Tensor, mask: Callable[[], Tensor] | None, select_hook: int | None = None) -> None:
     """Let ``apply_mask`` zero ``weight`` in place and use it directly (``None`` unbinds).
 
     ``mask()`` returns the weight's current mask. The caller promises that every gradient of
-    ``weight`` is selected by a hook of its own that calls ``note_grad_source`` and
-    ``note_grad_accumulated`` (``SparsityAlgorithm`` registers them), since the masked ops then
-    add no autograd node.
+    ``weight`` is selected by a tensor hook of its own, ``select_hook`` (the id of its handle),
+    which calls ``note_selected_grad``, and that a post-accumulate hook calls
+    ``note_grad_accumulated`` (``SparsityAlgorithm`` registers both): the masked ops then add no
+    autograd node.
     """
     if mask is None:
         _BOUND.pop(weight, None)
     else:
-        _BOUND[weight] = _Binding(mask)
+        _BOUND[weight] = _Binding(mask, select_hook)
         _install_step_hooks()
     _GENERATION[0] += 1
 
@@ -136,25 +146,33 @@ def _zero_pruned(weight: Tensor, mask: Tensor, binding: _Binding) -> None:
     binding.set_clean(weight, mask)
 
 
-def note_grad_source(weight: Tensor) -> None:
-    """Called as a selected gradient of ``weight`` arrives, before it is accumulated into ``.grad``."""
+def note_selected_grad(weight: Tensor) -> None:
+    """Called by the selecting gradient hook of ``weight``, before accumulation into ``.grad``.
+
+    What it hands on is the final gradient only while it is the last hook registered on
+    ``weight``: a hook added later could change the gradient, which then stays unknown (the next
+    optimizer step selects it again).
+    """
     binding = _BOUND.get(weight)
     if binding is not None:
+        hooks = weight._backward_hooks
+        last = next(reversed(hooks)) if hooks else None
         grad = weight.grad
-        binding.grad_from_none = grad is None or binding.grad_clean(grad)
+        binding.grad_base_clean = last == binding.select_hook and (grad is None or binding.grad_clean(grad))
 
 
 def note_grad_accumulated(weight: Tensor) -> None:
-    """Called after accumulation: ``.grad`` is clean when it was None or clean before."""
+    """Called after accumulation: ``.grad`` is clean when it was None or clean before, and the
+    selecting hook had the last word on what was added."""
     binding = _BOUND.get(weight)
     if binding is None:
         return
     grad = weight.grad
-    if binding.grad_from_none and grad is not None and not grad.requires_grad:
+    if binding.grad_base_clean and grad is not None and not grad.requires_grad:
         binding.grad_ref, binding.grad_version = weakref.ref(grad), grad._version
     else:
         binding.grad_ref = None
-    binding.grad_from_none = False
+    binding.grad_base_clean = False
 
 
 # ------------------------------------------------------------------------ optimizer state

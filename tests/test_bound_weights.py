@@ -294,3 +294,28 @@ def test_only_weights_read_by_named_ops_have_their_gradients_selected_in_place()
         torch.testing.assert_close(p.grad, params[name].grad, msg=name)
     with torch.no_grad():
         torch.testing.assert_close(sm(x), functional_call(plain, masked, (x,)))
+
+
+def test_a_gradient_hook_registered_after_ours_cannot_smuggle_values_into_pruned_weights() -> None:
+    sm, plain = _compiled()
+    for name in sm.masks:
+        sm.get_parameter(name).register_hook(lambda g: g + 1.0)  # e.g. noise injection, after the select
+    opt = torch.optim.SGD(sm.parameters(), lr=0.1)
+
+    def check() -> None:
+        assert _pruned_entries_are_zero(sm)
+        _assert_exact_forward(sm, plain)
+
+    _train(sm, opt, 3, check=check)
+
+
+def test_accumulating_micro_batches_keeps_the_weights_clean() -> None:
+    sm, plain = _compiled()
+    opt = torch.optim.AdamW(sm.parameters(), lr=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        for _ in range(3):
+            F.mse_loss(sm(torch.randn(8, 12)), torch.randn(8, 5)).backward()
+        opt.step()
+        assert _all_clean(sm) and _pruned_entries_are_zero(sm)
+    _assert_exact_forward(sm, plain)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..bound import bind_weight, note_grad_accumulated, note_grad_source, note_state_masked
+from ..bound import bind_weight, note_grad_accumulated, note_selected_grad, note_state_masked
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
 from ..ops import prune_, select, select_
@@ -194,9 +194,10 @@ class SparsityAlgorithm(ABC):
         if self.needs_dense_grad:  # before the select hook below, so it sees the full gradient
             self._capture_dense_grad(sp)
         if self._graph_masked:  # the graph's masked ops use the weight itself (see sparsefx.bound)
-            bind_weight(sp.param, lambda sp=sp: sp.mask)
             select = _select_fresh_grad if sp.name in self._fresh_grads else _select_noted_grad
-            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp, select=select: select(g, sp)))
+            handle = sp.param.register_hook(lambda g, sp=sp, select=select: select(g, sp))
+            bind_weight(sp.param, lambda sp=sp: sp.mask, handle.id)
+            self._grad_hooks.append(handle)
             self._grad_hooks.append(sp.param.register_post_accumulate_grad_hook(note_grad_accumulated))
         else:
             self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
@@ -423,14 +424,14 @@ def _has_mask(model: nn.Module, name: str) -> bool:
 
 
 def _select_noted_grad(grad: Tensor, sp: SparseParam) -> Tensor:
-    note_grad_source(sp.param)
+    note_selected_grad(sp.param)
     return _select_grad(grad, sp)
 
 
 def _select_fresh_grad(grad: Tensor, sp: SparseParam) -> Tensor:
     """Select in place a gradient that a named masked op's backward just computed (nothing else
     holds it; see ``SparseModel.weights_with_fresh_grads``): half the memory traffic of a copy."""
-    note_grad_source(sp.param)
+    note_selected_grad(sp.param)
     if grad.requires_grad or grad.layout != torch.strided or not grad.is_contiguous() or grad.is_meta:
         return _select_grad(grad, sp)
     return select_(grad, sp.mask)
