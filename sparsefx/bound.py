@@ -209,10 +209,12 @@ def _state_record(optimizer: torch.optim.Optimizer, weight: Tensor, mask: Tensor
     return mask, mask._version, tuple((weakref.ref(t), t._version) for t in tensors)
 
 
-def _state_clean(optimizer: torch.optim.Optimizer, weight: Tensor, mask: Tensor) -> bool:
+def _state_clean(
+    optimizer: torch.optim.Optimizer, weight: Tensor, mask: Tensor, records: dict[int, Any]
+) -> bool:
     if not optimizer.state.get(weight):
         return True  # created by this step, from a clean gradient
-    record = _STATES.get(optimizer, {}).get(id(weight))
+    record = records.get(id(weight))
     if record is None or record[0] is not mask or record[1] != mask._version:
         return False
     tensors = _state_tensors(optimizer, weight)
@@ -243,6 +245,7 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
     if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
         return
     _MASKED_NOW.pop(optimizer, None)
+    records = _STATES.get(optimizer, {})
     pending = []
     for weight, binding in _members(optimizer):
         grad = weight.grad
@@ -255,7 +258,7 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
             if grad.requires_grad or grad.layout != torch.strided:
                 continue
             _prune(grad, mask)
-        pending.append((weight, binding, mask, _state_clean(optimizer, weight, mask)))
+        pending.append((weight, binding, mask, _state_clean(optimizer, weight, mask, records)))
     _PENDING[optimizer] = pending
 
 
