@@ -22,7 +22,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/compile_time.py
-	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/train_step.py --floor
+	$(PY) benchmarks/forward.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
