@@ -19,8 +19,8 @@ the next forward zeroes it, one pass, which is always correct.
 
     >>> w, m = torch.nn.Parameter(torch.ones(4)), torch.tensor([True, False, True, False])
     >>> bind_weight(w, lambda: m)
-    >>> make_clean(w, m); w.data
-    tensor([1., 0., 1., 0.])
+    >>> use_bound(w, m), w.data
+    (True, tensor([1., 0., 1., 0.]))
     >>> is_clean(w, m)
     True
 
@@ -43,7 +43,6 @@ from .identity_map import IdentityMap
 __all__ = [
     "bind_weight",
     "use_bound",
-    "make_clean",
     "is_clean",
     "note_selected_grad",
     "note_grad_accumulated",
@@ -90,6 +89,16 @@ class _Binding:
     def set_clean(self, weight: Tensor, mask: Tensor) -> None:
         self.clean_mask, self.clean_versions = mask, (weight._version, mask._version)
 
+    def ensure_clean(self, weight: Tensor, mask: Tensor) -> None:
+        """Zero ``weight``'s pruned positions in place unless it is known clean already.
+
+        Through ``.data``: values the mask keeps do not change, and a version bump would
+        invalidate tensors that graphs built earlier saved for their backward.
+        """
+        if not self.is_clean(weight, mask):
+            _prune(weight.data, mask)
+            self.set_clean(weight, mask)
+
     def grad_clean(self, grad: Tensor | None) -> bool:
         ref = self.grad_ref
         return grad is not None and ref is not None and ref() is grad and grad._version == self.grad_version
@@ -121,8 +130,7 @@ def use_bound(weight: Tensor, mask: Tensor) -> bool:
     binding = _BOUND.get(weight)
     if binding is None or binding.mask() is not mask:
         return False
-    if not binding.is_clean(weight, mask):
-        _zero_pruned(weight, mask, binding)
+    binding.ensure_clean(weight, mask)
     return True
 
 
@@ -130,20 +138,6 @@ def is_clean(weight: Tensor, mask: Tensor) -> bool:
     """Is ``weight`` bound and known to be zero where ``mask`` is False?"""
     binding = _BOUND.get(weight)
     return binding is not None and binding.is_clean(weight, mask)
-
-
-def make_clean(weight: Tensor, mask: Tensor) -> None:
-    """Zero a bound ``weight``'s pruned positions in place, unless it is known clean already."""
-    binding = _BOUND[weight]
-    if not binding.is_clean(weight, mask):
-        _zero_pruned(weight, mask, binding)
-
-
-def _zero_pruned(weight: Tensor, mask: Tensor, binding: _Binding) -> None:
-    # Through ``.data``: values the mask keeps do not change, and a version bump would invalidate
-    # tensors that graphs built earlier saved for their backward.
-    _prune(weight.data, mask)
-    binding.set_clean(weight, mask)
 
 
 def note_selected_grad(weight: Tensor) -> None:
@@ -252,8 +246,7 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if grad is None:
             continue  # the step leaves this weight alone
         mask = binding.mask()
-        if not binding.is_clean(weight, mask):
-            _zero_pruned(weight, mask, binding)
+        binding.ensure_clean(weight, mask)
         if not binding.grad_clean(grad):
             if grad.requires_grad or grad.layout != torch.strided:
                 continue
@@ -291,8 +284,7 @@ def _install_step_hooks() -> None:
         _HOOKS.append(register_optimizer_step_post_hook(_after_step))
 
 
-@torch.no_grad()
 def _prune(t: Tensor, mask: Tensor) -> None:
-    from .ops import prune_  # ops imports this module
+    from .ops import prune_  # ops imports this module; prune_ runs under no_grad
 
     prune_(t, mask)

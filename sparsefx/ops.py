@@ -27,7 +27,6 @@ __all__ = [
     "apply_mask",
     "select",
     "select_",
-    "select_bits",
     "prune_",
     "masked_linear",
     "masked_matmul",
@@ -112,19 +111,6 @@ def select(x: Tensor, mask: Tensor) -> Tensor:
     if bits_dtype is None or x.is_meta or x.layout != torch.strided or _tracing():
         return torch.where(mask, x, 0.0)
     return _and(x, _cached_bits(mask, bits_dtype))
-
-
-def select_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """``mask`` as integers of ``dtype``: -1 (all bits set) where True, 0 where False.
-
-    Cached per mask tensor and rebuilt when the mask changes in place (its version counter moves).
-
-    >>> select_bits(torch.tensor([True, False]), torch.int32)
-    tensor([-1,  0], dtype=torch.int32)
-    """
-    if _tracing():
-        return mask.to(dtype).neg_()
-    return _cached_bits(mask, dtype)
 
 
 def _bits_if_cached(mask: Tensor, dtype: torch.dtype) -> Tensor:
