@@ -47,6 +47,7 @@ __all__ = [
     "note_selected_grad",
     "note_grad_accumulated",
     "note_state_masked",
+    "state_tensors",
     "ELEMENTWISE_OPTIMIZERS",
 ]
 
@@ -190,7 +191,8 @@ def note_state_masked(optimizer: torch.optim.Optimizer, weight: Tensor) -> None:
     _MASKED_NOW.setdefault(optimizer, set()).add(id(weight))
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer, weight: Tensor) -> list[Tensor]:
+def state_tensors(optimizer: torch.optim.Optimizer, weight: Tensor) -> list[Tensor]:
+    """The tensors of ``weight``'s state in ``optimizer`` shaped like it (``exp_avg``, momentum ...)."""
     state = optimizer.state.get(weight)
     if not state:
         return []
@@ -199,7 +201,7 @@ def _state_tensors(optimizer: torch.optim.Optimizer, weight: Tensor) -> list[Ten
 
 
 def _state_record(optimizer: torch.optim.Optimizer, weight: Tensor, mask: Tensor) -> Any:
-    tensors = _state_tensors(optimizer, weight)
+    tensors = state_tensors(optimizer, weight)
     return mask, mask._version, tuple((weakref.ref(t), t._version) for t in tensors)
 
 
@@ -211,7 +213,7 @@ def _state_clean(
     record = records.get(id(weight))
     if record is None or record[0] is not mask or record[1] != mask._version:
         return False
-    tensors = _state_tensors(optimizer, weight)
+    tensors = state_tensors(optimizer, weight)
     return len(tensors) == len(record[2]) and all(
         ref() is t and t._version == v for t, (ref, v) in zip(tensors, record[2])
     )

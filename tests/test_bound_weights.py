@@ -319,3 +319,17 @@ def test_accumulating_micro_batches_keeps_the_weights_clean() -> None:
         opt.step()
         assert _all_clean(sm) and _pruned_entries_are_zero(sm)
     _assert_exact_forward(sm, plain)
+
+
+def test_state_the_algorithm_leaves_dense_is_not_trusted() -> None:
+    sm, plain = _compiled()
+    opt = _dirty_optimizer(sm)
+    for state in opt.state.values():
+        state["exp_avg"].requires_dense = True  # the algorithm must not mask it
+    sm.sparsity.apply(opt)
+
+    def check() -> None:
+        assert not _all_clean(sm)
+        _assert_exact_forward(sm, plain)
+
+    _train(sm, opt, 3, check=check)

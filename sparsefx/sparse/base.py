@@ -31,7 +31,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..bound import bind_weight, note_grad_accumulated, note_selected_grad, note_state_masked
+from ..bound import (
+    bind_weight,
+    note_grad_accumulated,
+    note_selected_grad,
+    note_state_masked,
+    state_tensors,
+)
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
 from ..ops import prune_, select, select_
@@ -236,14 +242,16 @@ class SparsityAlgorithm(ABC):
     def mask_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Zero pruned positions of every state tensor shaped like its parameter (unless requires_dense)."""
         by_param = {id(sp.param): sp for sp in self.params.values()}
-        for param, state in optimizer.state.items():
+        for param in optimizer.state:
             sp = by_param.get(id(param))
             if sp is None:
                 continue
-            for value in state.values():
-                if _maskable(value, param):
-                    prune_(value, sp.mask)
-            note_state_masked(optimizer, param)
+            tensors = state_tensors(optimizer, param)
+            masked = [value for value in tensors if _maskable(value, param)]
+            for value in masked:
+                prune_(value, sp.mask)
+            if len(masked) == len(tensors):  # a requires_dense tensor left as is may move pruned weights
+                note_state_masked(optimizer, param)
 
     def _apply_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._bind_pending()
