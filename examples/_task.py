@@ -6,13 +6,14 @@ A 10-class Gaussian-mixture classification task whose class means live in the fi
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Batch", "GaussianTask", "train", "evaluate", "masked_nnz"]
+__all__ = ["Batch", "GaussianTask", "add_training_args", "train", "evaluate", "masked_nnz"]
 
 Batch = tuple[Tensor, Tensor]
 
@@ -40,6 +41,16 @@ class GaussianTask:
         x = torch.randn(n, self.features, generator=gen)
         x[:, : self.means.shape[1]] += self.means[y]
         return x, y
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """The flags both examples share: ``--batch``, ``--lr``, ``--seed``, ``--threads``."""
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the model is too small for more)"
+    )
 
 
 def train(

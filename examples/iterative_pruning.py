@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 import torch
-from _task import GaussianTask, evaluate, masked_nnz, train  # examples/ is on sys.path
+from _task import GaussianTask, add_training_args, evaluate, masked_nnz, train  # examples/ is on sys.path
 
 import sparsefx
 from sparsefx.models import build_model
@@ -37,12 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--levels", type=float, nargs="+", default=[0.5, 0.75, 0.9], help="rising sparsities")
     parser.add_argument("--dense-steps", type=int, default=600, help="dense training steps before round 1")
     parser.add_argument("--steps", type=int, default=300, help="retraining steps per round")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (the model is too small for more)"
-    )
+    add_training_args(parser)
     args = parser.parse_args(argv)
     if any(not 0.0 <= level < 1.0 for level in args.levels):
         parser.error(f"--levels must lie in [0, 1): {args.levels}")

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 
 import torch
-from _task import GaussianTask, evaluate, masked_nnz, train  # examples/ is on sys.path
+from _task import GaussianTask, add_training_args, evaluate, masked_nnz, train  # examples/ is on sys.path
 from torch import nn
 
 import sparsefx
@@ -53,12 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--redensify-to", type=float, default=0.25, help="sparsity of fine-tuning (b)")
     parser.add_argument("--steps", type=int, default=1200, help="pre-training steps")
     parser.add_argument("--finetune-steps", type=int, default=300, help="fine-tuning steps per variant")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (the model is too small for more)"
-    )
+    add_training_args(parser)
     args = parser.parse_args(argv)
     for flag, level in (("--sparsity", args.sparsity), ("--redensify-to", args.redensify_to)):
         if not 0.0 <= level < 1.0:
