@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .bits import SAME_WIDTH_INT, and_bits, cached_bits, prune_, select, select_, tracing
 from .bound import use_bound
-from .identity_map import IdentityMap
 
 __all__ = [
     "apply_mask",
@@ -57,88 +57,12 @@ def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
         weight, mask
     ):  # a fake or traced tensor is never bound
         return weight
-    bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
+    bits_dtype = SAME_WIDTH_INT.get(weight.dtype)
     if bits_dtype is None or weight.is_meta:
         return torch.where(mask, weight, 0.0)
-    if _tracing():
+    if tracing():
         return _BitSelect.apply(weight, mask.to(bits_dtype).neg_())
-    return _BitSelect.apply(weight, _cached_bits(mask, bits_dtype))
-
-
-_SAME_WIDTH_INT = {
-    torch.float16: torch.int16,
-    torch.bfloat16: torch.int16,
-    torch.float32: torch.int32,
-    torch.float64: torch.int64,
-}
-_BITS_CACHE: IdentityMap[tuple[int, torch.dtype, Tensor]] = IdentityMap()  # by identity, not value
-
-
-@torch.no_grad()
-def prune_(weight: Tensor, mask: Tensor) -> Tensor:
-    """Set ``weight`` to +0.0 in place where ``mask`` is False (NaN there too); returns ``weight``.
-
-    >>> prune_(torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([True, False, True]))
-    tensor([1., 0., 3.])
-    """
-    bits_dtype = _SAME_WIDTH_INT.get(weight.dtype)
-    if bits_dtype is None or not weight.is_contiguous():
-        return weight.masked_fill_(~mask, 0.0)
-    weight.view(bits_dtype).bitwise_and_(_bits_if_cached(mask, bits_dtype))
-    return weight
-
-
-def select_(x: Tensor, mask: Tensor) -> Tensor:
-    """``prune_`` for a contiguous float tensor outside autograd (a gradient in a hook): no checks.
-
-    >>> select_(torch.tensor([1.0, 2.0]), torch.tensor([False, True]))
-    tensor([0., 2.])
-    """
-    bits_dtype = _SAME_WIDTH_INT.get(x.dtype)
-    if bits_dtype is None:
-        return x.masked_fill_(~mask, 0.0)
-    x.view(bits_dtype).bitwise_and_(_cached_bits(mask, bits_dtype))
-    return x
-
-
-def select(x: Tensor, mask: Tensor) -> Tensor:
-    """``torch.where(mask, x, 0)`` as a new tensor, without autograd (gradient hooks use it).
-
-    >>> select(torch.tensor([1.0, float("inf"), 3.0]), torch.tensor([True, False, True]))
-    tensor([1., 0., 3.])
-    """
-    bits_dtype = _SAME_WIDTH_INT.get(x.dtype)
-    if bits_dtype is None or x.is_meta or x.layout != torch.strided or _tracing():
-        return torch.where(mask, x, 0.0)
-    return _and(x, _cached_bits(mask, bits_dtype))
-
-
-def _bits_if_cached(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """The cached bits of ``mask`` when valid, else a one-off copy that is not kept.
-
-    Pruning alone (a compile, an inference model) then costs no resident copy of the masks at
-    4 bytes per entry; the first gradient selection builds the cache that training reuses.
-    """
-    cached = _BITS_CACHE.get(mask)
-    if cached is not None and cached[0] == mask._version and cached[1] == dtype:
-        return cached[2]
-    return mask.to(dtype).neg_()
-
-
-def _cached_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    cached = _BITS_CACHE.get(mask)
-    if cached is not None and cached[0] == mask._version and cached[1] == dtype:
-        return cached[2]
-    bits = mask.to(dtype).neg_()
-    _BITS_CACHE[mask] = (mask._version, dtype, bits)
-    return bits
-
-
-def _tracing() -> bool:
-    return (
-        torch.compiler.is_compiling()
-        or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
-    )
+    return _BitSelect.apply(weight, cached_bits(mask, bits_dtype))
 
 
 class _BitSelect(torch.autograd.Function):
@@ -147,18 +71,14 @@ class _BitSelect(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, bits: Tensor) -> Tensor:
         ctx.save_for_backward(bits)
-        return _and(x, bits)
+        return and_bits(x, bits)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (bits,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: stay differentiable for double backward
             return _BitSelect.apply(grad, bits), None
-        return _and(grad, bits), None
-
-
-def _and(x: Tensor, bits: Tensor) -> Tensor:
-    return (bits & x.view(bits.dtype)).view(x.dtype)  # bits first: the result takes its (contiguous) layout
+        return and_bits(grad, bits), None
 
 
 def masked_linear(input: Tensor, weight: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:

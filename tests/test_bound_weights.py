@@ -328,8 +328,63 @@ def test_state_the_algorithm_leaves_dense_is_not_trusted() -> None:
         state["exp_avg"].requires_dense = True  # the algorithm must not mask it
     sm.sparsity.apply(opt)
 
+    def check() -> None:  # right after the step, before a forward could zero anything
+        assert _pruned_entries_are_zero(sm), "the step moved pruned weights: it must not be trusted"
+        _assert_exact_forward(sm, plain)
+
+    _train(sm, opt, 3, check=check)
+
+
+def _backward(sm: SparseModel, opt: torch.optim.Optimizer) -> None:
+    opt.zero_grad()
+    F.mse_loss(sm(torch.randn(16, 12)), torch.randn(16, 5)).backward()
+
+
+@pytest.mark.parametrize("how", ["in place", "assigned", "accumulated by hand"])
+def test_a_gradient_changed_between_backward_and_step_is_selected_again(how: str) -> None:
+    sm, plain = _compiled()
+    opt = torch.optim.AdamW(sm.parameters(), lr=0.1)
+    for _ in range(2):
+        _backward(sm, opt)
+        for name in sm.masks:
+            w = sm.get_parameter(name)
+            if how == "in place":
+                w.grad.add_(1.0)
+            elif how == "assigned":
+                w.grad = torch.ones_like(w)
+            else:
+                w.grad = w.grad + torch.randn_like(w)
+        opt.step()
+        assert _pruned_entries_are_zero(sm), f"a gradient {how} moved pruned weights"
+        assert _all_clean(sm)
+    _assert_exact_forward(sm, plain)
+
+
+def test_a_mask_changed_between_backward_and_step_is_seen() -> None:
+    sm, plain = _compiled()
+    opt = torch.optim.SGD(sm.parameters(), lr=0.5)
+    _backward(sm, opt)
+    mask = sm.masks["2.weight"]
+    kept = mask.nonzero()[:5]
+    mask[kept[:, 0], kept[:, 1]] = False  # prune five more entries, in place, after the backward
+    opt.step()
+    assert _pruned_entries_are_zero(sm)
+    _assert_exact_forward(sm, plain)
+
+
+def test_a_trusted_step_makes_no_pass_over_weights_or_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    sm, plain = _compiled()
+    opt = torch.optim.AdamW(sm.parameters(), lr=0.01)
+    sm.sparsity.apply(opt)
+    _train(sm, opt, 2, check=lambda: None)  # the first step creates the state; the second records it
+    passes: list[int] = []
+    for module in (sparsefx.bits, sparsefx.bound, sparsefx.step_trust, sparsefx.sparse.base):
+        real = module.prune_
+        monkeypatch.setattr(module, "prune_", lambda t, m, real=real: passes.append(t.numel()) or real(t, m))
+
     def check() -> None:
-        assert not _all_clean(sm)
+        assert passes == [], f"a trusted step pruned or masked {len(passes)} tensors"
+        assert _all_clean(sm) and _pruned_entries_are_zero(sm)
         _assert_exact_forward(sm, plain)
 
     _train(sm, opt, 3, check=check)

@@ -31,16 +31,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..bound import (
-    bind_weight,
-    note_grad_accumulated,
-    note_selected_grad,
-    note_state_masked,
-    state_tensors,
-)
+from ..bound import bind_weight, binding_of
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
-from ..ops import prune_, select, select_
+from ..ops import prune_, select
+from ..step_trust import note_state_masked, settle_step, state_tensors, state_trusted
 from .distributions import global_magnitude_masks
 from .init import make_mask
 from .registry import register_algorithm
@@ -200,11 +195,8 @@ class SparsityAlgorithm(ABC):
         if self.needs_dense_grad:  # before the select hook below, so it sees the full gradient
             self._capture_dense_grad(sp)
         if self._graph_masked:  # the graph's masked ops use the weight itself (see sparsefx.bound)
-            select = _select_fresh_grad if sp.name in self._fresh_grads else _select_noted_grad
-            handle = sp.param.register_hook(lambda g, sp=sp, select=select: select(g, sp))
-            bind_weight(sp.param, lambda sp=sp: sp.mask, handle.id)
-            self._grad_hooks.append(handle)
-            self._grad_hooks.append(sp.param.register_post_accumulate_grad_hook(note_grad_accumulated))
+            fresh = sp.name in self._fresh_grads
+            self._grad_hooks.append(bind_weight(sp.param, lambda sp=sp: sp.mask, fresh=fresh))
         else:
             self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
 
@@ -240,11 +232,15 @@ class SparsityAlgorithm(ABC):
                 prune_(sp.param.data, sp.mask)
 
     def mask_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
-        """Zero pruned positions of every state tensor shaped like its parameter (unless requires_dense)."""
+        """Zero pruned positions of every state tensor shaped like its parameter (unless requires_dense).
+
+        State that ``sparsefx.step_trust`` knows to be clean for the step in flight is left alone:
+        masking it would change nothing.
+        """
         by_param = {id(sp.param): sp for sp in self.params.values()}
         for param in optimizer.state:
             sp = by_param.get(id(param))
-            if sp is None:
+            if sp is None or state_trusted(optimizer, param):
                 continue
             tensors = state_tensors(optimizer, param)
             masked = [value for value in tensors if _maskable(value, param)]
@@ -257,14 +253,23 @@ class SparsityAlgorithm(ABC):
         self._bind_pending()
         self._track(optimizer)
         optimizer.register_step_pre_hook(lambda opt, *_: self.mask_optimizer_state(opt))
-        optimizer.register_step_post_hook(lambda opt, *_: self._after_step())
+        optimizer.register_step_post_hook(lambda opt, *_: self._after_step(opt))
 
     def _track(self, optimizer: torch.optim.Optimizer) -> None:
         """Remember ``optimizer`` so regrown positions of its state can be reset."""
         self._optimizers.append(optimizer)
 
-    def _after_step(self) -> None:
-        self.prune_weights()
+    def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        settle_step(optimizer)  # before the global post-hook would: weights the step kept clean need no pass
+        for sp in self.params.values():
+            param = sp.param
+            if param.device.type == "meta":
+                continue
+            binding = binding_of(param)
+            if binding is None:
+                prune_(param.data, sp.mask)
+            else:
+                binding.ensure_clean(param, sp.mask)
         if self.autoupdate:
             self.update()
 
@@ -429,20 +434,6 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
 def _has_mask(model: nn.Module, name: str) -> bool:
     owner_path, _, attr = name.rpartition(".")
     return f"{attr}_mask" in model.get_submodule(owner_path)._buffers
-
-
-def _select_noted_grad(grad: Tensor, sp: SparseParam) -> Tensor:
-    note_selected_grad(sp.param)
-    return _select_grad(grad, sp)
-
-
-def _select_fresh_grad(grad: Tensor, sp: SparseParam) -> Tensor:
-    """Select in place a gradient that a named masked op's backward just computed (nothing else
-    holds it; see ``SparseModel.weights_with_fresh_grads``): half the memory traffic of a copy."""
-    note_selected_grad(sp.param)
-    if grad.requires_grad or grad.layout != torch.strided or not grad.is_contiguous() or grad.is_meta:
-        return _select_grad(grad, sp)
-    return select_(grad, sp.mask)
 
 
 def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:

@@ -1,0 +1,207 @@
+"""Step trust: which optimizer steps keep bound weights zero where pruned.
+
+A training step moves each weight's version counter, so without more every forward after a
+step would zero the bound weights again (``sparsefx.bound``). But a step of an optimizer whose
+update of an entry reads only that entry's weight, gradient and state (``SGD``, ``Adam``,
+``AdamW``, ``RMSprop``) keeps a zero weight at zero when the entry's gradient and state are zero
+too. So global optimizer-step hooks check, before each step of such an optimizer, that every
+bound weight it updates is clean, that its gradient is the one the selecting hook produced and
+nothing wrote since (or select it again), and that its state is known clean (created by a step
+like this one, or masked by ``sparsity.apply(optimizer)``, and not written since). After the
+step (``settle_step``) they record the weight clean at its new version. Anything unknown leaves
+the weight as it was: the next forward zeroes it, one pass, which is always correct.
+
+    >>> w, m = torch.nn.Parameter(torch.ones(4)), torch.tensor([True, False, True, False])
+    >>> _ = sparsefx.bound.bind_weight(w, lambda: m)
+    >>> opt = torch.optim.AdamW([w], lr=0.1)
+    >>> sparsefx.ops.apply_mask(w, m).sum().backward(); opt.step()
+    >>> sparsefx.bound.is_clean(w, m), w.data[1].item()
+    (True, 0.0)
+
+A sparsity algorithm applied to the optimizer asks ``state_trusted`` and ``settle_step`` so that
+it masks state and re-prunes weights only where the chain of trust is broken.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from .bits import prune_
+from .bound import Binding, binding_of, generation
+
+__all__ = [
+    "ELEMENTWISE_OPTIMIZERS",
+    "install_step_hooks",
+    "note_state_masked",
+    "settle_step",
+    "state_tensors",
+    "state_trusted",
+]
+
+# Optimizers whose update of an entry reads only that entry's weight, gradient and state, and
+# leaves a zero weight at zero when its gradient and state are zero (exact types: a subclass may
+# change the rule).
+ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.RMSprop,
+)
+
+# One step's view of a bound weight: (weight, binding, mask, state known clean before the step).
+_Pending = tuple[Tensor, Binding, Tensor, bool]
+# A weight's state as last recorded clean:
+# (mask, mask version, number of state entries, ((key, weakref to tensor, version), ...)).
+_StateRecord = tuple[Tensor, int, int, tuple[tuple[str, Any, int], ...]]
+
+
+class _Tracker:
+    """What the step hooks know about one optimizer."""
+
+    __slots__ = ("generation", "count", "members", "records", "pending", "masked")
+
+    def __init__(self) -> None:
+        self.generation = -1
+        self.count = -1
+        self.members: list[tuple[Tensor, Binding]] = []
+        self.records: dict[int, _StateRecord] = {}  # id(weight) -> state known clean after a step
+        self.pending: dict[int, _Pending] | None = None  # the step in flight
+        self.masked: set[int] = set()  # weights whose state the algorithm masked for this step
+
+    def refresh_members(self, optimizer: torch.optim.Optimizer) -> list[tuple[Tensor, Binding]]:
+        """The bound weights ``optimizer`` updates, with their bindings (cached until either changes)."""
+        count = sum(len(g["params"]) for g in optimizer.param_groups)
+        if self.generation != generation() or self.count != count:
+            self.members = [
+                (p, b)
+                for g in optimizer.param_groups
+                for p in g["params"]
+                if (b := binding_of(p)) is not None
+            ]
+            self.generation, self.count = generation(), count
+        return self.members
+
+
+_TRACKERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Tracker] = weakref.WeakKeyDictionary()
+
+
+def state_tensors(optimizer: torch.optim.Optimizer, weight: Tensor) -> list[Tensor]:
+    """The tensors of ``weight``'s state in ``optimizer`` shaped like it (``exp_avg``, momentum ...)."""
+    state = optimizer.state.get(weight)
+    if not state:
+        return []
+    shape = weight.shape
+    return [v for v in state.values() if isinstance(v, Tensor) and v.dim() and v.shape == shape]
+
+
+def note_state_masked(optimizer: torch.optim.Optimizer, weight: Tensor) -> None:
+    """Say that ``weight``'s state in ``optimizer`` was just zeroed at its pruned positions."""
+    tracker = _TRACKERS.get(optimizer)
+    if tracker is not None:
+        tracker.masked.add(id(weight))
+
+
+def state_trusted(optimizer: torch.optim.Optimizer, weight: Tensor) -> bool:
+    """Is ``weight``'s state in ``optimizer`` known clean for the step now in flight?
+
+    Masking it again would change nothing. Valid between the step's pre-hooks and the step.
+    """
+    tracker = _TRACKERS.get(optimizer)
+    pending = tracker.pending if tracker is not None else None
+    entry = pending.get(id(weight)) if pending else None
+    return entry is not None and entry[3]
+
+
+def _state_clean(state: dict[str, Any] | None, mask: Tensor, record: _StateRecord | None) -> bool:
+    if not state:
+        return True  # created by this step, from a clean gradient
+    if record is None or record[0] is not mask or record[1] != mask._version or record[2] != len(state):
+        return False
+    for key, ref, version in record[3]:
+        value = state.get(key)
+        if value is None or ref() is not value or value._version != version:
+            return False
+    return True
+
+
+def _state_record(state: dict[str, Any] | None, mask: Tensor, old: _StateRecord | None) -> _StateRecord:
+    """The record of ``weight``'s state after a clean step; reuses ``old``'s references when it can."""
+    refs = {key: ref for key, ref, _ in old[3]} if old is not None else {}
+    entries = []
+    state = state or {}
+    for key, value in state.items():
+        if not isinstance(value, Tensor) or not value.dim():
+            continue
+        ref = refs.get(key)
+        if ref is None or ref() is not value:
+            ref = weakref.ref(value)
+        entries.append((key, ref, value._version))
+    return mask, mask._version, len(state), tuple(entries)
+
+
+def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    """Make every bound weight the step will update clean, and its gradient; note whose state is
+    known clean."""
+    if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
+        return
+    tracker = _TRACKERS.get(optimizer)
+    if tracker is None:
+        tracker = _TRACKERS[optimizer] = _Tracker()
+    tracker.masked.clear()
+    records, state = tracker.records, optimizer.state
+    pending: dict[int, _Pending] = {}
+    for weight, binding in tracker.refresh_members(optimizer):
+        grad = weight.grad
+        if grad is None:
+            continue  # the step leaves this weight alone
+        mask = binding.mask()
+        binding.ensure_clean(weight, mask)
+        if not binding.grad_clean(grad, mask):
+            if grad.requires_grad or grad.layout != torch.strided:
+                continue
+            prune_(grad, mask)
+        key = id(weight)
+        pending[key] = (weight, binding, mask, _state_clean(state.get(weight), mask, records.get(key)))
+    tracker.pending = pending
+
+
+def settle_step(optimizer: torch.optim.Optimizer) -> None:
+    """After a step: record the weights it kept clean (same mask, clean state), and their state.
+
+    Idempotent within a step: the global post-hook calls it, and so may an algorithm's own
+    post-hook that runs first.
+    """
+    tracker = _TRACKERS.get(optimizer)
+    if tracker is None or tracker.pending is None:
+        return
+    pending, tracker.pending = tracker.pending, None
+    masked, records, state = tracker.masked, tracker.records, optimizer.state
+    for key, (weight, binding, mask, state_clean) in pending.items():
+        same_mask = (
+            binding.mask() is mask and binding.clean_mask is mask and binding.mask_version == mask._version
+        )
+        if same_mask and (state_clean or key in masked):
+            binding.set_clean(weight, mask)
+            records[key] = _state_record(state.get(weight), mask, records.get(key))
+        else:
+            records.pop(key, None)
+    masked.clear()
+
+
+def _after_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    settle_step(optimizer)
+
+
+_HOOKS: list[Any] = []
+
+
+def install_step_hooks() -> None:
+    """Register the global optimizer-step hooks once per process."""
+    if not _HOOKS:
+        _HOOKS.append(register_optimizer_step_pre_hook(_before_step))
+        _HOOKS.append(register_optimizer_step_post_hook(_after_step))
