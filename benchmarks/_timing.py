@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -27,10 +28,12 @@ __all__ = [
     "Summary",
     "interleave",
     "summarize",
+    "median_ci",
     "paired_ratios",
     "print_table",
     "fmt_seconds",
     "fmt_ratio",
+    "fmt_ci",
     "verdict",
     "add_json_arg",
     "write_json",
@@ -44,7 +47,10 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 @dataclass(frozen=True)
 class Summary:
-    """Median and spread of a list of samples (seconds, or a unitless ratio)."""
+    """Median and spread of a list of samples (seconds, or a unitless ratio).
+
+    ``ci_low``/``ci_high`` bound the median with 95% confidence (``median_ci``).
+    """
 
     median: float
     p25: float
@@ -52,6 +58,8 @@ class Summary:
     min: float
     max: float
     n: int
+    ci_low: float
+    ci_high: float
 
     def as_dict(self) -> dict[str, float]:
         """Plain dict for JSON output."""
@@ -69,11 +77,41 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 
 
 def summarize(samples: Sequence[float]) -> Summary:
-    """Median, quartiles, min and max of ``samples`` (at least one)."""
+    """Median, quartiles, min, max and the median's 95% confidence interval of ``samples`` (at least one)."""
     if not samples:
         raise ValueError("summarize needs at least one sample")
     s = sorted(samples)
-    return Summary(_percentile(s, 0.5), _percentile(s, 0.25), _percentile(s, 0.75), s[0], s[-1], len(s))
+    low, high = median_ci(s)
+    return Summary(
+        _percentile(s, 0.5), _percentile(s, 0.25), _percentile(s, 0.75), s[0], s[-1], len(s), low, high
+    )
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median: two order statistics.
+
+    The number of samples below the true median is Binomial(n, 1/2), so the interval from the
+    j-th smallest to the j-th largest sample covers the median with probability
+    ``1 - 2 P(B < j)``; ``j`` is the largest rank that keeps that at least ``confidence``. It
+    assumes only that the samples (here: per-round ratios) are independent draws of one
+    distribution, not that they are normal. With very few samples it is [min, max].
+
+    >>> median_ci([float(v) for v in range(1, 101)])
+    (40.0, 61.0)
+    """
+    s = sorted(samples)
+    n = len(s)
+    if n == 0:
+        raise ValueError("median_ci needs at least one sample")
+    alpha = (1.0 - confidence) / 2
+    below, j = 0.0, 0  # below = P(B < j + 1) as j grows
+    while j < n // 2:
+        below += math.comb(n, j) / 2.0**n
+        if below > alpha:
+            break
+        j += 1
+    j = max(j, 1)
+    return s[j - 1], s[n - j]
 
 
 def interleave(
@@ -131,6 +169,11 @@ def fmt_seconds(s: float) -> str:
 def fmt_ratio(summary: Summary) -> str:
     """``1.03× [1.01–1.06]``: median with the interquartile range."""
     return f"{summary.median:.3f}× [{summary.p25:.3f}–{summary.p75:.3f}]"
+
+
+def fmt_ci(summary: Summary) -> str:
+    """``1.03× (95% CI 1.02–1.04)``: median with its confidence interval."""
+    return f"{summary.median:.3f}× (95% CI {summary.ci_low:.3f}–{summary.ci_high:.3f}, n={summary.n})"
 
 
 def verdict(ok: bool) -> str:

@@ -2,6 +2,9 @@
 
 * ``dense``: the eager model as built.
 * ``sparsefx``: ``sparsefx.compile(model, sparsity)`` (static sparsity, masked ops in the graph).
+* ``sparsefx + apply(opt)`` (only with ``applied=True``): the same, with the optimizer handed to
+  ``sm.sparsity.apply(optimizer)`` as the README's training loop does (state masking, re-pruning
+  and ``update()`` around every step).
 * ``torch.nn.utils.prune``: ``global_unstructured`` with ``L1Unstructured`` over the same weights.
 * ``torch.ao.pruning``: ``WeightNormSparsifier`` (1x1 blocks), ``prepare`` then ``step``, with the
   parametrizations left attached during training, as users run it.
@@ -30,9 +33,10 @@ from torch.nn.utils import prune
 
 import sparsefx
 
-__all__ = ["Variant", "build_variants", "DENSE", "SPARSEFX", "PRUNE", "AO", "FLOOR"]
+__all__ = ["Variant", "build_variants", "DENSE", "SPARSEFX", "SPARSEFX_APPLIED", "PRUNE", "AO", "FLOOR"]
 
 DENSE, SPARSEFX, PRUNE, AO = "dense eager", "sparsefx", "torch.nn.utils.prune", "torch.ao.pruning"
+SPARSEFX_APPLIED = "sparsefx + apply(opt)"
 FLOOR = "select floor"
 
 
@@ -75,9 +79,16 @@ def _weights(model: nn.Module, paths: list[str]) -> Callable[[], list[Tensor]]:
 
 
 def build_variants(
-    base: nn.Module, example: Tensor, sparsity: float, *, fused: bool = False, floor: bool = False
+    base: nn.Module,
+    example: Tensor,
+    sparsity: float,
+    *,
+    fused: bool = False,
+    floor: bool = False,
+    applied: bool = False,
 ) -> dict[str, Variant]:
-    """Deep-copy ``base`` four times (five with ``floor``) and set each copy up; keyed by display name.
+    """Deep-copy ``base`` four times (plus one each for ``applied`` and ``floor``) and set each copy
+    up; keyed by display name.
 
     ``fused`` gives every variant ``AdamW(fused=True)`` instead of the default implementation.
     """
@@ -88,10 +99,6 @@ def build_variants(
         n.endswith(".weight") and isinstance(base.get_submodule(p), nn.Linear) for n, p in zip(names, paths)
     ):
         raise RuntimeError(f"sparsefx selected something other than Linear weights: {names}")
-
-    def sparsefx_weights() -> list[Tensor]:
-        masks = sm.masks
-        return [torch.where(masks[n], sm.get_parameter(n), 0.0) for n in names]
 
     dense = copy.deepcopy(base)
 
@@ -109,10 +116,13 @@ def build_variants(
 
     variants = {
         DENSE: (dense, _weights(dense, paths)),
-        SPARSEFX: (sm, sparsefx_weights),
+        SPARSEFX: (sm, _weights(sm, paths)),  # the parameters themselves: pruned entries must be 0
         PRUNE: (pruned, _weights(pruned, paths)),
         AO: (ao, _weights(ao, paths)),
     }
+    if applied:
+        sm_applied = sparsefx.compile(copy.deepcopy(base), sparsity, (example,))
+        variants[SPARSEFX_APPLIED] = (sm_applied, _weights(sm_applied, paths))
     selects: Callable[[], None] | None = None
     if floor:
         manual = copy.deepcopy(base)
@@ -128,11 +138,10 @@ def build_variants(
     out = {}
     for name, (model, effective) in variants.items():
         model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), fused=fused or None)
+        if name == SPARSEFX_APPLIED:
+            model.sparsity.apply(optimizer)
         out[name] = Variant(
-            name,
-            model,
-            torch.optim.AdamW(model.parameters(), fused=fused or None),
-            effective,
-            after_backward=selects if name == FLOOR else None,
+            name, model, optimizer, effective, after_backward=selects if name == FLOOR else None
         )
     return out
