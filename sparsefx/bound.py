@@ -13,7 +13,7 @@ that a later optimizer step can tell, without a pass over the data, that ``.grad
 selected gradient. ``sparsefx.step_trust`` uses that to keep weights clean across optimizer steps.
 
     >>> w, m = torch.nn.Parameter(torch.ones(4)), torch.tensor([True, False, True, False])
-    >>> handle = bind_weight(w, lambda: m)
+    >>> handle = bind_weight(w, {"w_mask": m}, "w_mask")
     >>> use_bound(w, m), w.data
     (True, tensor([1., 0., 1., 0.]))
     >>> is_clean(w, m)
@@ -29,7 +29,6 @@ evicted them from the caches, so the hot methods do as few Python operations as 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,16 +44,34 @@ __all__ = ["Binding", "bind_weight", "binding_of", "use_bound", "is_clean", "gen
 class Binding:
     """One bound weight: how to find its mask, and what is known clean about it and its gradient."""
 
-    __slots__ = ("mask", "fresh", "clean_mask", "weight_version", "mask_version", "grad_record")
+    __slots__ = (
+        "buffers",
+        "key",
+        "fresh",
+        "clean_mask",
+        "weight_version",
+        "mask_version",
+        "grad_record",
+        "bits",
+        "bits_mask",
+        "bits_version",
+    )
 
-    def __init__(self, mask: Callable[[], Tensor], fresh: bool) -> None:
-        self.mask = mask
+    def __init__(self, buffers: dict[str, Tensor], key: str, fresh: bool) -> None:
+        self.buffers, self.key = buffers, key  # the mask is ``buffers[key]`` (read on every use)
         self.fresh = fresh  # the graph's ops compute this weight's gradient into a tensor nothing else holds
         self.clean_mask: Tensor | None = None
         self.weight_version = -1
         self.mask_version = -1
         # (storage of the gradient the hook returned, its version, the mask it used, that mask's version)
         self.grad_record: tuple[weakref.ref[Any], int, Tensor, int] | None = None
+        self.bits: Tensor | None = None  # the mask's integer form (shared with sparsefx.bits' cache)
+        self.bits_mask: Tensor | None = None
+        self.bits_version = -1
+
+    def mask(self) -> Tensor:
+        """The weight's current mask."""
+        return self.buffers[self.key]
 
     def is_clean(self, weight: Tensor, mask: Tensor) -> bool:
         """Is ``weight`` known to be +0.0 wherever ``mask`` is False?"""
@@ -79,12 +96,20 @@ class Binding:
 
     def select_grad(self, grad: Tensor) -> Tensor:
         """The weight's gradient hook: ``where(mask, grad, 0)``, in place when the gradient is fresh."""
-        mask = self.mask()
+        mask = self.buffers[self.key]
         bits_dtype = SAME_WIDTH_INT.get(grad.dtype)
         if grad.requires_grad or bits_dtype is None or grad.layout != torch.strided or grad.is_meta:
             self.grad_record = None
             return torch.where(mask, grad, 0.0)  # differentiable under create_graph=True
-        bits = cached_bits(mask, bits_dtype)
+        bits = self.bits
+        if (
+            bits is None
+            or self.bits_mask is not mask
+            or self.bits_version != mask._version
+            or bits.dtype != bits_dtype
+        ):
+            bits = self.bits = cached_bits(mask, bits_dtype)
+            self.bits_mask, self.bits_version = mask, mask._version
         if self.fresh:
             grad.view(bits_dtype).bitwise_and_(bits)
         else:
@@ -115,20 +140,21 @@ _GENERATION = [0]  # moves on every (un)binding, so per-optimizer caches of boun
 
 
 def bind_weight(
-    weight: Tensor, mask: Callable[[], Tensor] | None, *, fresh: bool = False
+    weight: Tensor, buffers: dict[str, Tensor] | None, key: str = "", *, fresh: bool = False
 ) -> RemovableHandle | None:
-    """Let ``apply_mask`` zero ``weight`` in place and use it directly (``mask=None`` unbinds).
+    """Let ``apply_mask`` zero ``weight`` in place and use it directly (``buffers=None`` unbinds).
 
-    ``mask()`` returns the weight's current mask. Registers the gradient hook that selects every
-    gradient of ``weight`` and returns its handle (the caller removes it when it unbinds).
+    ``buffers[key]`` is the weight's current mask (a module's ``_buffers``: replacing or loading
+    the buffer is seen). Registers the gradient hook that selects every gradient of ``weight``
+    and returns its handle (the caller removes it when it unbinds).
     ``fresh`` says the graph's masked ops are the weight's only readers, so the hook may select
     in place (see ``SparseModel.weights_with_fresh_grads``).
     """
     _GENERATION[0] += 1
-    if mask is None:
+    if buffers is None:
         _BOUND.pop(weight, None)
         return None
-    binding = Binding(mask, fresh)
+    binding = Binding(buffers, key, fresh)
     _BOUND[weight] = binding
     from .step_trust import install_step_hooks  # step_trust imports this module
 

@@ -12,7 +12,7 @@ step (``settle_step``) they record the weight clean at its new version. Anything
 the weight as it was: the next forward zeroes it, one pass, which is always correct.
 
     >>> w, m = torch.nn.Parameter(torch.ones(4)), torch.tensor([True, False, True, False])
-    >>> _ = sparsefx.bound.bind_weight(w, lambda: m)
+    >>> _ = sparsefx.bound.bind_weight(w, {"w_mask": m}, "w_mask")
     >>> opt = torch.optim.AdamW([w], lr=0.1)
     >>> sparsefx.ops.apply_mask(w, m).sum().backward(); opt.step()
     >>> sparsefx.bound.is_clean(w, m), w.data[1].item()
@@ -159,7 +159,7 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         grad = weight.grad
         if grad is None:
             continue  # the step leaves this weight alone
-        mask = binding.mask()
+        mask = binding.buffers[binding.key]
         binding.ensure_clean(weight, mask)
         if not binding.grad_clean(grad, mask):
             if grad.requires_grad or grad.layout != torch.strided:

@@ -196,7 +196,7 @@ class SparsityAlgorithm(ABC):
             self._capture_dense_grad(sp)
         if self._graph_masked:  # the graph's masked ops use the weight itself (see sparsefx.bound)
             fresh = sp.name in self._fresh_grads
-            self._grad_hooks.append(bind_weight(sp.param, lambda sp=sp: sp.mask, fresh=fresh))
+            self._grad_hooks.append(bind_weight(sp.param, sp.owner._buffers, f"{sp.attr}_mask", fresh=fresh))
         else:
             self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
 
