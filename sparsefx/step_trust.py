@@ -18,7 +18,7 @@ the weight as it was: the next forward zeroes it, one pass, which is always corr
     >>> sparsefx.bound.is_clean(w, m), w.data[1].item()
     (True, 0.0)
 
-A sparsity algorithm applied to the optimizer asks ``state_trusted`` and ``settle_step`` so that
+A sparsity algorithm applied to the optimizer asks ``trusted_states`` and ``settle_step`` so that
 it masks state and re-prunes weights only where the chain of trust is broken.
 """
 
@@ -40,7 +40,7 @@ __all__ = [
     "note_state_masked",
     "settle_step",
     "state_tensors",
-    "state_trusted",
+    "trusted_states",
 ]
 
 # Optimizers whose update of an entry reads only that entry's weight, gradient and state, and
@@ -63,7 +63,7 @@ _StateRecord = tuple[Tensor, int, int, tuple[tuple[str, Any, int], ...]]
 class _Tracker:
     """What the step hooks know about one optimizer."""
 
-    __slots__ = ("generation", "count", "members", "records", "pending", "masked")
+    __slots__ = ("generation", "count", "members", "records", "pending", "masked", "trusted")
 
     def __init__(self) -> None:
         self.generation = -1
@@ -72,6 +72,7 @@ class _Tracker:
         self.records: dict[int, _StateRecord] = {}  # id(weight) -> state known clean after a step
         self.pending: dict[int, _Pending] | None = None  # the step in flight
         self.masked: set[int] = set()  # weights whose state the algorithm masked for this step
+        self.trusted: set[int] = set()  # weights whose state is known clean for this step
 
     def refresh_members(self, optimizer: torch.optim.Optimizer) -> list[tuple[Tensor, Binding]]:
         """The bound weights ``optimizer`` updates, with their bindings (cached until either changes)."""
@@ -106,15 +107,13 @@ def note_state_masked(optimizer: torch.optim.Optimizer, weight: Tensor) -> None:
         tracker.masked.add(id(weight))
 
 
-def state_trusted(optimizer: torch.optim.Optimizer, weight: Tensor) -> bool:
-    """Is ``weight``'s state in ``optimizer`` known clean for the step now in flight?
+def trusted_states(optimizer: torch.optim.Optimizer) -> set[int]:
+    """``id``s of the weights whose state in ``optimizer`` is known clean for the step in flight.
 
-    Masking it again would change nothing. Valid between the step's pre-hooks and the step.
+    Masking that state again would change nothing. Valid between the step's pre-hooks and the step.
     """
     tracker = _TRACKERS.get(optimizer)
-    pending = tracker.pending if tracker is not None else None
-    entry = pending.get(id(weight)) if pending else None
-    return entry is not None and entry[3]
+    return tracker.trusted if tracker is not None else set()
 
 
 def _state_clean(state: dict[str, Any] | None, mask: Tensor, record: _StateRecord | None) -> bool:
@@ -153,7 +152,8 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
     if tracker is None:
         tracker = _TRACKERS[optimizer] = _Tracker()
     tracker.masked.clear()
-    records, state = tracker.records, optimizer.state
+    records, state, trusted = tracker.records, optimizer.state, tracker.trusted
+    trusted.clear()
     pending: dict[int, _Pending] = {}
     for weight, binding in tracker.refresh_members(optimizer):
         grad = weight.grad
@@ -166,7 +166,10 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
                 continue
             prune_(grad, mask)
         key = id(weight)
-        pending[key] = (weight, binding, mask, _state_clean(state.get(weight), mask, records.get(key)))
+        state_clean = _state_clean(state.get(weight), mask, records.get(key))
+        if state_clean:
+            trusted.add(key)
+        pending[key] = (weight, binding, mask, state_clean)
     tracker.pending = pending
 
 
@@ -191,6 +194,7 @@ def settle_step(optimizer: torch.optim.Optimizer) -> None:
         else:
             records.pop(key, None)
     masked.clear()
+    tracker.trusted.clear()
 
 
 def _after_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:

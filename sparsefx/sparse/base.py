@@ -35,7 +35,7 @@ from ..bound import bind_weight, binding_of
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
 from ..errors import ConfigError
 from ..ops import prune_, select
-from ..step_trust import note_state_masked, settle_step, state_tensors, state_trusted
+from ..step_trust import note_state_masked, settle_step, state_tensors, trusted_states
 from .distributions import global_magnitude_masks
 from .init import make_mask
 from .registry import register_algorithm
@@ -237,10 +237,10 @@ class SparsityAlgorithm(ABC):
         State that ``sparsefx.step_trust`` knows to be clean for the step in flight is left alone:
         masking it would change nothing.
         """
-        by_param = {id(sp.param): sp for sp in self.params.values()}
-        for param in optimizer.state:
-            sp = by_param.get(id(param))
-            if sp is None or state_trusted(optimizer, param):
+        trusted, state = trusted_states(optimizer), optimizer.state
+        for sp in self.params.values():
+            param = sp.param
+            if id(param) in trusted or not state.get(param):
                 continue
             tensors = state_tensors(optimizer, param)
             masked = [value for value in tensors if _maskable(value, param)]
