@@ -55,6 +55,7 @@ class Binding:
         "bits",
         "bits_mask",
         "bits_version",
+        "grad_dtype",
     )
 
     def __init__(self, buffers: dict[str, Tensor], key: str, fresh: bool) -> None:
@@ -68,6 +69,7 @@ class Binding:
         self.bits: Tensor | None = None  # the mask's integer form (shared with sparsefx.bits' cache)
         self.bits_mask: Tensor | None = None
         self.bits_version = -1
+        self.grad_dtype: torch.dtype | None = None  # the dtype ``bits`` was made for
 
     def mask(self) -> Tensor:
         """The weight's current mask."""
@@ -97,25 +99,38 @@ class Binding:
     def select_grad(self, grad: Tensor) -> Tensor:
         """The weight's gradient hook: ``where(mask, grad, 0)``, in place when the gradient is fresh."""
         mask = self.buffers[self.key]
-        bits_dtype = SAME_WIDTH_INT.get(grad.dtype)
-        if grad.requires_grad or bits_dtype is None or grad.layout != torch.strided or grad.is_meta:
-            self.grad_record = None
-            return torch.where(mask, grad, 0.0)  # differentiable under create_graph=True
         bits = self.bits
+        # The common case first, in as few Python operations as possible: the cached bits match the
+        # mask and the gradient's dtype (so it is a float of a width bits.py handles), and the
+        # gradient is a plain strided tensor outside any graph.
         if (
             bits is None
             or self.bits_mask is not mask
             or self.bits_version != mask._version
-            or bits.dtype != bits_dtype
+            or grad.dtype is not self.grad_dtype
+            or grad.requires_grad
+            or grad.layout is not torch.strided
+            or grad.is_meta
         ):
-            bits = self.bits = cached_bits(mask, bits_dtype)
-            self.bits_mask, self.bits_version = mask, mask._version
+            bits = self._bits_for(grad, mask)
+            if bits is None:
+                self.grad_record = None
+                return torch.where(mask, grad, 0.0)  # differentiable under create_graph=True
         if self.fresh:
-            grad.view(bits_dtype).bitwise_and_(bits)
+            grad.view(bits.dtype).bitwise_and_(bits)
         else:
             grad = and_bits(grad, bits)
         self.grad_record = (weakref.ref(grad.untyped_storage()), grad._version, mask, mask._version)
         return grad
+
+    def _bits_for(self, grad: Tensor, mask: Tensor) -> Tensor | None:
+        """The integer form of ``mask`` for ``grad``, or None when ``grad`` needs ``where``."""
+        bits_dtype = SAME_WIDTH_INT.get(grad.dtype)
+        if grad.requires_grad or bits_dtype is None or grad.layout != torch.strided or grad.is_meta:
+            return None
+        self.bits = cached_bits(mask, bits_dtype)
+        self.bits_mask, self.bits_version, self.grad_dtype = mask, mask._version, grad.dtype
+        return self.bits
 
     def grad_clean(self, grad: Tensor, mask: Tensor) -> bool:
         """Is ``grad`` (a ``.grad``) the gradient this hook last selected with ``mask``, unwritten since?

@@ -388,3 +388,25 @@ def test_a_trusted_step_makes_no_pass_over_weights_or_state(monkeypatch: pytest.
         _assert_exact_forward(sm, plain)
 
     _train(sm, opt, 3, check=check)
+
+
+def test_a_dtype_change_after_training_selects_with_the_right_width() -> None:
+    sm, plain = _compiled()
+    opt = torch.optim.AdamW(sm.parameters(), lr=0.01)
+    _train(sm, opt, 2, check=lambda: None)
+    sm.double()
+    plain.double()
+    opt = torch.optim.AdamW(sm.parameters(), lr=0.01)
+    for _ in range(2):
+        opt.zero_grad()
+        F.mse_loss(
+            sm(torch.randn(16, 12, dtype=torch.float64)), torch.randn(16, 5, dtype=torch.float64)
+        ).backward()
+        for name, mask in sm.masks.items():
+            grad = sm.get_parameter(name).grad
+            assert grad.dtype == torch.float64 and bool((grad[~mask] == 0).all())
+        opt.step()
+        assert _all_clean(sm) and _pruned_entries_are_zero(sm)
+    x = torch.randn(7, 12, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(sm(x), _reference(sm, plain, x))
