@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/compile_time.py
 	$(PY) benchmarks/train_step.py --floor
 	$(PY) benchmarks/forward.py
+	$(PY) benchmarks/step_profile.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
