@@ -21,6 +21,7 @@ implementation unless ``fused``).
 
 from __future__ import annotations
 
+import argparse
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,8 +33,20 @@ from torch.ao.pruning import WeightNormSparsifier
 from torch.nn.utils import prune
 
 import sparsefx
+from sparsefx.models.registry import build_model
 
-__all__ = ["Variant", "build_variants", "DENSE", "SPARSEFX", "SPARSEFX_APPLIED", "PRUNE", "AO", "FLOOR"]
+__all__ = [
+    "Variant",
+    "build_variants",
+    "add_setup_args",
+    "setup_from_args",
+    "DENSE",
+    "SPARSEFX",
+    "SPARSEFX_APPLIED",
+    "PRUNE",
+    "AO",
+    "FLOOR",
+]
 
 DENSE, SPARSEFX, PRUNE, AO = "dense eager", "sparsefx", "torch.nn.utils.prune", "torch.ao.pruning"
 SPARSEFX_APPLIED = "sparsefx + apply(opt)"
@@ -145,3 +158,30 @@ def build_variants(
             name, model, optimizer, effective, after_backward=selects if name == FLOOR else None
         )
     return out
+
+
+def add_setup_args(p: argparse.ArgumentParser) -> None:
+    """The options that pick the model, batch, sparsity and optimizer the setups share."""
+    p.add_argument("--model", default="gpt-small-bench", help="built-in GPT model (default gpt-small-bench)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
+    p.add_argument("--sparsity", type=float, default=0.9, help="sparsity level (default 0.9)")
+    p.add_argument(
+        "--adamw-fused", action="store_true", help="AdamW(fused=True) for every variant (default: AdamW())"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens (default 0)")
+
+
+def setup_from_args(
+    args: argparse.Namespace, *, floor: bool, applied: bool = True
+) -> tuple[dict[str, Variant], Tensor, Tensor]:
+    """Build the model the options name, a fixed batch of next-token data, and the setups on it."""
+    torch.manual_seed(args.seed)
+    spec = build_model(args.model, input_shape=(args.batch, args.seq_len), seed=args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    tokens = torch.randint(0, spec.model.config.vocab_size, (args.batch, args.seq_len + 1), generator=gen)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    variants = build_variants(
+        spec.model, x, args.sparsity, fused=args.adamw_fused, floor=floor, applied=applied
+    )
+    return variants, x, y

@@ -28,10 +28,8 @@ from collections.abc import Callable
 
 import torch
 from _timing import add_json_arg, console, environment, print_table, write_json
-from _train_variants import DENSE, FLOOR, build_variants
+from _train_variants import DENSE, FLOOR, add_setup_args, setup_from_args
 from torch.profiler import ProfilerActivity, profile
-
-from sparsefx.models.registry import build_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,12 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=6, help="profiled blocks per variant (default 6)")
     p.add_argument("--steps", type=int, default=5, help="steps per block (default 5)")
     p.add_argument("--top", type=int, default=0, help="also list the N ops that differ most from dense")
-    p.add_argument("--model", default="gpt-small-bench", help="built-in GPT model (default gpt-small-bench)")
-    p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
-    p.add_argument("--sparsity", type=float, default=0.9, help="sparsity level (default 0.9)")
-    p.add_argument("--adamw-fused", action="store_true", help="AdamW(fused=True) for every variant")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens (default 0)")
+    add_setup_args(p)
     add_json_arg(p)
     return p.parse_args(argv)
 
@@ -92,12 +85,7 @@ def profile_variants(
 def main(argv: list[str] | None = None) -> int:
     """Profile every setup and print the ops that differ most from the dense step."""
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
-    spec = build_model(args.model, input_shape=(args.batch, args.seq_len), seed=args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(0, spec.model.config.vocab_size, (args.batch, args.seq_len + 1), generator=gen)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    variants = build_variants(spec.model, x, args.sparsity, fused=args.adamw_fused, floor=True, applied=True)
+    variants, x, y = setup_from_args(args, floor=True)
     steps = {name: v.step_fn(x, y) for name, v in variants.items()}
     for step in steps.values():  # warm-up: optimizer state, caches, allocator
         for _ in range(2):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from _timing import (
     Summary,
     add_json_arg,
@@ -32,9 +31,16 @@ from _timing import (
     verdict,
     write_json,
 )
-from _train_variants import AO, DENSE, FLOOR, PRUNE, SPARSEFX, SPARSEFX_APPLIED, build_variants
-
-from sparsefx.models.registry import build_model
+from _train_variants import (
+    AO,
+    DENSE,
+    FLOOR,
+    PRUNE,
+    SPARSEFX,
+    SPARSEFX_APPLIED,
+    add_setup_args,
+    setup_from_args,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,20 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=60, help="timed round-robin rounds (default 60)")
     p.add_argument("--steps-per-round", type=int, default=2, help="steps per variant per round (default 2)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
-    p.add_argument("--model", default="gpt-small-bench", help="built-in GPT model (default gpt-small-bench)")
-    p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default 128)")
-    p.add_argument("--sparsity", type=float, default=0.9, help="sparsity level (default 0.9)")
     p.add_argument("--max-ratio", type=float, default=1.05, help="target: sparsefx / dense (default 1.05)")
-    p.add_argument(
-        "--adamw-fused", action="store_true", help="AdamW(fused=True) for every variant (default: AdamW())"
-    )
+    add_setup_args(p)
     p.add_argument(
         "--floor",
         action="store_true",
         help="also time the select floor: eager, one in-place select per sparse gradient, no hooks",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens (default 0)")
     add_json_arg(p)
     return p.parse_args(argv)
 
@@ -86,16 +85,8 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 0 when both targets pass, 1 otherwise."""
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
     env = environment()
-    spec = build_model(args.model, input_shape=(args.batch, args.seq_len), seed=args.seed)
-    vocab = spec.model.config.vocab_size
-    gen = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1), generator=gen)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    variants = build_variants(
-        spec.model, x, args.sparsity, fused=args.adamw_fused, floor=args.floor, applied=True
-    )
+    variants, x, y = setup_from_args(args, floor=args.floor)
     n_sparse = len(variants[SPARSEFX].model.masks)
     opt_args = "fused=True" if args.adamw_fused else ""
     console.print(
