@@ -29,6 +29,7 @@ evicted them from the caches, so the hot methods do as few Python operations as 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,6 +57,7 @@ class Binding:
         "bits_mask",
         "bits_version",
         "grad_dtype",
+        "capture",
     )
 
     def __init__(self, buffers: dict[str, Tensor], key: str, fresh: bool) -> None:
@@ -70,6 +72,7 @@ class Binding:
         self.bits_mask: Tensor | None = None
         self.bits_version = -1
         self.grad_dtype: torch.dtype | None = None  # the dtype ``bits`` was made for
+        self.capture: Callable[[Tensor], None] | None = None  # sees the dense gradient first (RigL)
 
     def mask(self) -> Tensor:
         """The weight's current mask."""
@@ -98,6 +101,8 @@ class Binding:
 
     def select_grad(self, grad: Tensor) -> Tensor:
         """The weight's gradient hook: ``where(mask, grad, 0)``, in place when the gradient is fresh."""
+        if self.capture is not None:
+            self.capture(grad)  # before the select, which may work in place
         mask = self.buffers[self.key]
         bits = self.bits
         # The common case first, in as few Python operations as possible: the cached bits match the

@@ -158,6 +158,37 @@ def test_rigl_sums_dense_gradients_over_micro_batches() -> None:
         torch.testing.assert_close(sm.sparsity.dense_grad(name), expected[name])
 
 
+def _rigl_every_3(compiled: bool) -> tuple[nn.Module, RigL]:
+    if compiled:
+        sm = sparsefx.compile(_mlp(), {"algorithm": "rigl", "sparsity": 0.9, "update": {"freq": 3}})
+        return sm, sm.sparsity
+    model, sparsity = _mlp(), RigL(sparsity=0.9, update={"freq": 3})
+    model.apply(sparsity)
+    return model, sparsity
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "model.apply"])
+def test_rigl_captures_dense_gradients_only_for_steps_that_update_masks(compiled: bool) -> None:
+    model, sparsity = _rigl_every_3(compiled)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sparsity.apply(opt)
+    x, y = _data()
+    captured = []
+    for _ in range(6):  # updates after steps 3 and 6
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        captured.append([sparsity.dense_grad(name) is not None for name in sparsity.masks])
+        opt.step()
+    assert [all(c) for c in captured] == [False, False, True, False, False, True]
+    assert not any(any(c) for i, c in enumerate(captured) if i not in (2, 5))
+
+    resumed_model, resumed = _rigl_every_3(compiled)
+    resumed_model(x)  # binds the lazy model.apply form
+    resumed.load_state_dict({**sparsity.state_dict(), "step": 2})  # the next step updates: armed
+    nn.functional.cross_entropy(resumed_model(x), y).backward()
+    assert all(resumed.dense_grad(name) is not None for name in resumed.masks)
+
+
 def test_dynamic_algorithm_that_does_not_update_at_step_0_starts_dense() -> None:
     sm = sparsefx.compile(_mlp(), {"algorithm": "set", "sparsity": 0.9, "update": {"freq": 10, "start": 10}})
     assert all(bool(m.all()) for m in sm.masks.values())

@@ -21,6 +21,7 @@ method of the algorithm.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -106,6 +107,7 @@ class SparsityAlgorithm(ABC):
         self._optimizers: list[torch.optim.Optimizer] = []
         self._graph_masked = False
         self._fresh_grads: frozenset[str] = frozenset()
+        self._capturing = False  # plain (non-graph) hooks capture dense gradients for the next step
 
     # ------------------------------------------------------------------------------------ binding
 
@@ -144,6 +146,7 @@ class SparsityAlgorithm(ABC):
         premade = self._global_masks(model, plan)
         for decision in plan.sparse.values():
             self._bind_param(model, decision, premade.get(decision.name))
+        self._arm_dense_grads()
         self.prune_weights()
 
     def _global_masks(self, model: nn.Module, plan: SparsityPlan) -> dict[str, Tensor]:
@@ -192,16 +195,27 @@ class SparsityAlgorithm(ABC):
             owner.register_buffer(f"{attr}_mask", mask, persistent=True)
         sp = SparseParam(decision.name, owner, attr, decision)
         self.params[decision.name] = sp
-        if self.needs_dense_grad:  # before the select hook below, so it sees the full gradient
-            self._capture_dense_grad(sp)
         if self._graph_masked:  # the graph's masked ops use the weight itself (see sparsefx.bound)
             fresh = sp.name in self._fresh_grads
             self._grad_hooks.append(bind_weight(sp.param, sp.owner._buffers, f"{sp.attr}_mask", fresh=fresh))
         else:
-            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: _select_grad(g, sp)))
+            self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: self._plain_grad_hook(g, sp)))
 
-    def _capture_dense_grad(self, sp: SparseParam) -> None:
+    def _plain_grad_hook(self, grad: Tensor, sp: SparseParam) -> Tensor:
+        """The gradient hook of a weight no graph reads: capture the dense gradient when armed, select."""
+        if self._capturing:
+            self._capture(sp.name, grad)
+        return _select_grad(grad, sp)
+
+    def _capture(self, name: str, grad: Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} sets needs_dense_grad but cannot capture gradients")
+
+    def _arm_dense_grads(self) -> None:
+        """Capture dense gradients in the backward of the next step (``needs_dense_grad`` only)."""
+        if self.needs_dense_grad:
+            raise NotImplementedError(
+                f"{type(self).__name__} sets needs_dense_grad but cannot capture gradients"
+            )
 
     def _bind_pending(self) -> None:
         if not self._called:
@@ -354,8 +368,11 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     def update(self) -> None:
         self._bind_pending()
         self.step += 1
-        if not self.update_schedule(self.step):
-            return
+        if self.update_schedule(self.step):
+            self._update_masks()
+        self._arm_dense_grads()
+
+    def _update_masks(self) -> None:
         self._sync_dense_grads()  # before the finiteness check: a NaN on one rank reaches every rank
         if not self._grads_finite():
             self._dense_grads.clear()
@@ -408,13 +425,26 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
 
     # ---------------------------------------------------------------------- dense gradients (RigL)
 
-    def _capture_dense_grad(self, sp: SparseParam) -> None:
-        """Keep ``sp``'s full gradient (before masking), summed over micro-batches."""
-        self._grad_hooks.append(sp.param.register_hook(lambda g, name=sp.name: self._accumulate(name, g)))
+    def _arm_dense_grads(self) -> None:
+        """Capture dense gradients only in the backward passes of a step that will update masks.
 
-    def _accumulate(self, name: str, grad: Tensor) -> None:
-        if not self.update_schedule(self.step + 1):
+        The capture rides on the weight's one gradient hook, before its select, so the 99 of 100
+        steps between RigL updates pay nothing for it. Re-armed after every ``update()``, bind and
+        ``load_state_dict``.
+        """
+        if not self.needs_dense_grad:
             return
+        armed = bool(self.update_schedule(self.step + 1))
+        self._capturing = armed
+        if not self._graph_masked:
+            return
+        for sp in self.params.values():
+            binding = binding_of(sp.param)
+            if binding is not None:
+                binding.capture = functools.partial(self._capture, sp.name) if armed else None
+
+    def _capture(self, name: str, grad: Tensor) -> None:
+        """Keep ``name``'s full gradient (before masking), summed over micro-batches."""
         held = self._dense_grads.get(name)
         self._dense_grads[name] = grad.detach().clone() if held is None else held.add_(grad.detach())
 
@@ -429,6 +459,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         super().load_state_dict(state)
         if "generator" in state:
             self.generator.set_state(state["generator"])
+        self._arm_dense_grads()
 
 
 def _has_mask(model: nn.Module, name: str) -> bool:
