@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--max-ratio", type=float, default=1.05, help="target: RigL / Static (default 1.05)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and data (default 0)")
+    p.add_argument(
+        "--flush-denormal",
+        action="store_true",
+        help="flush denormal floats to zero (diagnosis: regrown weights start at 0, and arithmetic on the "
+        "tiny values that follow is slow on some CPUs)",
+    )
     add_json_arg(p)
     args = p.parse_args(argv)
     if args.batch is None:
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 0 when the target passes, 1 otherwise."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    flushed = args.flush_denormal and torch.set_flush_denormal(True)  # this thread: all work at 1 thread
     env = environment()
     task = build_task(args.model, args.batch, args.seq_len, args.seed, pool=args.freq)
     configs = {
@@ -116,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         f"weights | blocks of {args.freq} steps over {args.freq} distinct batches, {args.rounds} rounds "
         f"after {args.warmup} warm-up, RigL update every {args.freq} (drop fraction 0.3) | torch "
         f"{env['torch']}, {args.threads} thread(s), load {env['loadavg_at_start']}"
+        + (", denormals flushed to zero" if flushed else "")
     )
     console.print(f"note: {ADAMW_NOTE}")
     fns = {name: run.block_fn(task, args.freq) for name, run in runs.items()}
