@@ -12,7 +12,8 @@ import sparsefx
 from sparsefx.errors import ConfigError
 from sparsefx.models import build_model
 from sparsefx.sparse import GMP, SET, DynamicSparsityAlgorithm, Group, RigL, Static
-from sparsefx.sparse.init import keep_count
+from sparsefx.sparse.drop_grow import drop_and_grow
+from sparsefx.sparse.init import from_groups, keep_count, to_groups
 from sparsefx.sparse.registry import unregister_algorithm
 
 
@@ -317,3 +318,34 @@ def test_grad_scaler_skipped_step_changes_no_mask() -> None:
     scaler.step(opt)
     scaler.update()
     assert sparsity.step == 1 and any(not torch.equal(before[n], m) for n, m in sparsity.masks.items())
+
+
+@pytest.mark.parametrize("groups", [(4, None), (None, 8)], ids=["out groups", "in groups"])
+def test_grouped_drop_and_grow_is_the_flat_step_inside_every_group(groups: tuple) -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight, score = torch.randn(16, 24, generator=gen), torch.rand(16, 24, generator=gen)
+    mask = torch.rand(16, 24, generator=gen) < 0.3  # unbalanced: some groups above the level, some below
+    out_groups, in_groups = groups
+    got = drop_and_grow(
+        weight, mask, 0.75, 0.3, score, balance_out_groups=out_groups, balance_in_groups=in_groups
+    )
+    rows = [to_groups(t, out_groups, in_groups) for t in (weight, mask, score)]
+    want = torch.stack([drop_and_grow(w, m, 0.75, 0.3, s) for w, m, s in zip(*rows)])
+    assert torch.equal(got, from_groups(want, mask.shape, in_groups))
+
+
+@pytest.mark.parametrize("algorithm", ["set", "rigl"])
+@pytest.mark.parametrize("groups", ["balance_out_groups", "balance_in_groups"])
+def test_dynamic_updates_keep_a_balanced_mask_balanced(algorithm: str, groups: str) -> None:
+    cfg = {"algorithm": algorithm, "sparsity": 0.75, "update": {"freq": 1}, groups: 2, "init_method": "topk"}
+    sm = sparsefx.compile(_mlp(), cfg)
+    before = {name: mask.clone() for name, mask in sm.masks.items()}
+
+    def check(step: int) -> None:
+        for name, mask in sm.masks.items():
+            rows = to_groups(mask, 2, None) if groups == "balance_out_groups" else to_groups(mask, None, 2)
+            assert rows.sum(dim=1).tolist() == [keep_count(rows.shape[1], 0.75)] * 2, (name, step)
+
+    check(-1)
+    _train(sm, sm.sparsity, 5, hook=check)
+    assert any(not torch.equal(before[n], m) for n, m in sm.masks.items()), "no update changed a mask"

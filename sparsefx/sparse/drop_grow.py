@@ -4,7 +4,9 @@ Keep ``k = int((1 - s) * numel)`` entries: the ``min(nnz, k) - n_drop`` kept ent
 largest ``|w|`` survive (``n_drop = int(drop_fraction * min(nnz, k))``), and the rest of ``k`` is
 grown among the positions that were inactive before the drop, by ``grow_score`` (larger first).
 When the level rises above the current density (a dense start), the step only prunes to ``k``.
-With a constant level the number of nonzeros never changes::
+With ``balance_out_groups`` or ``balance_in_groups`` the same step runs inside every group (rows of
+``weight.reshape(groups, -1)``, or of its transpose for input groups), so a balanced mask stays
+balanced. With a constant level the number of nonzeros never changes::
 
     >>> w = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.0, 2.0])
     >>> mask = w != 0
@@ -17,15 +19,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .init import keep_count, select_largest
+from .init import from_groups, keep_count, select_largest, to_groups
 
 __all__ = ["drop_and_grow", "magnitude_key"]
 
 
 def drop_and_grow(
-    weight: Tensor, mask: Tensor, sparsity: float, drop_fraction: float, grow_score: Tensor
+    weight: Tensor,
+    mask: Tensor,
+    sparsity: float,
+    drop_fraction: float,
+    grow_score: Tensor,
+    *,
+    balance_out_groups: int | None = None,
+    balance_in_groups: int | None = None,
 ) -> Tensor:
     """New mask: drop the smallest kept weights, grow the best-scored inactive positions."""
+    if balance_out_groups or balance_in_groups:
+        groups = (balance_out_groups, balance_in_groups)
+        grouped = _grouped_drop_and_grow(
+            to_groups(weight, *groups),
+            to_groups(mask, *groups),
+            sparsity,
+            drop_fraction,
+            to_groups(grow_score, *groups),
+        )
+        return from_groups(grouped, mask.shape, balance_in_groups)
     flat_mask = mask.reshape(-1)
     k = keep_count(mask.numel(), sparsity)
     nnz = int(flat_mask.count_nonzero())
@@ -40,6 +59,31 @@ def drop_and_grow(
     grow = min(k - survivors, inactive)
     grown = select_largest(_keys(grow_score, ~flat_mask), grow)
     return (keep | grown).reshape(mask.shape)
+
+
+def _grouped_drop_and_grow(
+    weight: Tensor, mask: Tensor, sparsity: float, drop_fraction: float, grow_score: Tensor
+) -> Tensor:
+    """``drop_and_grow`` on every row of ``[groups, n]`` tensors at once, with per-row counts."""
+    n = mask.shape[1]
+    k = keep_count(n, sparsity)
+    nnz = mask.sum(dim=1)
+    kept = torch.minimum(nnz, torch.full_like(nnz, k))
+    n_drop = (drop_fraction * kept.double()).floor().long()  # int() of a non-negative float
+    survivors = kept - n_drop
+    grow = torch.minimum(k - survivors, n - nnz)
+    weight_keys = _keys(weight, mask.reshape(-1)).view(mask.shape)
+    keep = _largest_per_row(weight_keys, survivors)
+    grown = _largest_per_row(_keys(grow_score, ~mask.reshape(-1)).view(mask.shape), grow)
+    pruned_only = _largest_per_row(weight_keys, torch.full_like(nnz, k))  # rows above the level
+    return torch.where((nnz > k).unsqueeze(1), pruned_only, keep | grown)
+
+
+def _largest_per_row(keys: Tensor, counts: Tensor) -> Tensor:
+    """Each row's ``counts[row]`` largest keys (ties: the earlier position first)."""
+    order = keys.argsort(dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(keys.shape[1]).expand_as(order))
+    return rank < counts.unsqueeze(1)
 
 
 def magnitude_key(t: Tensor) -> Tensor:

@@ -20,7 +20,15 @@ from torch import Tensor
 
 from ..errors import ConfigError
 
-__all__ = ["make_mask", "topk_mask", "keep_count", "select_largest", "INIT_METHODS"]
+__all__ = [
+    "make_mask",
+    "topk_mask",
+    "keep_count",
+    "select_largest",
+    "to_groups",
+    "from_groups",
+    "INIT_METHODS",
+]
 
 INIT_METHODS: tuple[str, ...] = ("random", "topk", "from_zeros", "checkerboard")
 
@@ -40,7 +48,7 @@ def topk_mask(
     balance_in_groups: int | None = None,
 ) -> Tensor:
     """Bool mask keeping the top ``int((1 - s) * n)`` scores, globally or inside each balance group."""
-    grouped = _to_groups(score, balance_out_groups, balance_in_groups)
+    grouped = to_groups(score, balance_out_groups, balance_in_groups)
     k = keep_count(grouped.shape[1], sparsity)
     if grouped.shape[0] == 1 and not score.is_floating_point():
         return select_largest(grouped.reshape(-1), k).reshape(score.shape)
@@ -48,7 +56,7 @@ def topk_mask(
     if k > 0:
         idx = torch.topk(grouped, k, dim=1, sorted=False).indices
         mask.scatter_(1, idx, True)
-    return _from_groups(mask, score.shape, balance_in_groups)
+    return from_groups(mask, score.shape, balance_in_groups)
 
 
 def select_largest(key: Tensor, k: int) -> Tensor:
@@ -129,7 +137,7 @@ def _user_mask(
     fn: InitFn, weight: Tensor, sparsity: float, out_groups: int | None, in_groups: int | None
 ) -> Tensor:
     def score_shaper(score: Tensor) -> Tensor:
-        return _to_groups(score, out_groups, in_groups)
+        return to_groups(score, out_groups, in_groups)
 
     mask = fn(weight, sparsity, score_shaper, weight.device)
     if not isinstance(mask, Tensor) or mask.shape != weight.shape:
@@ -140,7 +148,12 @@ def _user_mask(
     return mask.to(device=weight.device, dtype=torch.bool)
 
 
-def _to_groups(score: Tensor, out_groups: int | None, in_groups: int | None) -> Tensor:
+def to_groups(score: Tensor, out_groups: int | None, in_groups: int | None) -> Tensor:
+    """``score`` as ``[groups, n]``: rows of output groups, or of input groups (dims 0 and 1 swapped).
+
+    >>> to_groups(torch.arange(8).view(4, 2), None, 2).tolist()
+    [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
     if out_groups:
         return score.reshape(out_groups, -1)
     if in_groups:
@@ -148,7 +161,8 @@ def _to_groups(score: Tensor, out_groups: int | None, in_groups: int | None) -> 
     return score.reshape(1, -1)
 
 
-def _from_groups(mask: Tensor, shape: torch.Size, in_groups: int | None) -> Tensor:
+def from_groups(mask: Tensor, shape: torch.Size, in_groups: int | None) -> Tensor:
+    """The inverse of ``to_groups`` for a ``[groups, n]`` tensor and the original ``shape``."""
     if in_groups:
         swapped = (shape[1], shape[0], *shape[2:])
         return mask.reshape(swapped).transpose(0, 1).contiguous()

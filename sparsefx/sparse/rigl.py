@@ -34,4 +34,12 @@ class RigL(DynamicSparsityAlgorithm):
                 "optimizer.step() "
                 "on update steps"
             )
-        return drop_and_grow(p, mask, sparsity, self.drop_fraction(self.step), grad)
+        return drop_and_grow(
+            p,
+            mask,
+            sparsity,
+            self.drop_fraction(self.step),
+            grad,
+            balance_out_groups=self.group.balance_out_groups,
+            balance_in_groups=self.group.balance_in_groups,
+        )
