@@ -1,10 +1,11 @@
 """Pass: propagate fake tensors through the graph, with symbolic batch and sequence dims.
 
 Every node gets ``node.meta["val"]`` (a FakeTensor, or a tuple of them). Batch (dim 0 of every
-input) and sequence (dim 1 of token ids ``[B, T]`` and of ``[B, T, D]`` inputs) are symbolic where
-the model allows, so the accounting pass can give FLOPs as sympy expressions in ``batch`` and
-``seq``. ``gm.meta["sparsefx.symbols"]`` maps the shape environment's symbols to those names.
-No real compute runs and no memory is spent on activations::
+input) and sequence (dim 1 of token ids ``[B, T]`` and of ``[B, T, D]`` inputs; dim 2 of a
+``[B, C, L]`` input that a conv1d reads) are symbolic where the model allows, so the accounting
+pass can give FLOPs as sympy expressions in ``batch`` and ``seq``. ``gm.meta["sparsefx.symbols"]``
+maps the shape environment's symbols to those names. No real compute runs and no memory is spent
+on activations::
 
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 3))
     >>> gm = PropagateShapes(((torch.randn(8, 4),), {}), symbolic=True)(gm).graph_module
@@ -19,10 +20,13 @@ from typing import Any
 
 import sympy
 import torch
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from torch import fx
+from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from sparsefx.ops import masked_conv1d
 
 from .manager import PassResult
 
@@ -70,8 +74,9 @@ def _run_fake(gm: fx.GraphModule, args: tuple, kwargs: dict, symbolic: bool) -> 
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     names: dict[sympy.Symbol, sympy.Symbol] = {}
     values: dict[sympy.Symbol, int] = {}
+    seq_dims = _seq_dims(gm, args, kwargs)
     fake_args, fake_kwargs = pytree.tree_map(
-        lambda v: _fake(mode, v, names, values, symbolic), (args, kwargs)
+        lambda v: _fake(mode, v, names, values, symbolic, seq_dims.get(id(v))), (args, kwargs)
     )
     flat = _flat_inputs(gm, fake_args, fake_kwargs)
     with mode, torch.no_grad():
@@ -123,18 +128,22 @@ def _to_meta(value: Any) -> Any:
     return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
-def _fake(mode: FakeTensorMode, value: Any, names: dict, values: dict, symbolic: bool) -> Any:
+def _fake(
+    mode: FakeTensorMode, value: Any, names: dict, values: dict, symbolic: bool, seq_dim: int | None
+) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
+    if seq_dim is None and _has_seq_dim(value):
+        seq_dim = 1
     dynamic = [DimDynamic.STATIC] * value.dim()
     if symbolic and value.dim() >= 1:
         dynamic[0] = DimDynamic.DYNAMIC
-        if _has_seq_dim(value):
-            dynamic[1] = DimDynamic.DYNAMIC
+        if seq_dim is not None and seq_dim < value.dim():
+            dynamic[seq_dim] = DimDynamic.DYNAMIC
     ctx = StatelessSymbolicContext(dynamic_sizes=dynamic)
     fake = mode.from_tensor(value, symbolic_context=ctx) if symbolic else mode.from_tensor(value)
-    for dim, label in ((0, BATCH), (1, SEQ)):
-        if dim < fake.dim() and isinstance(fake.shape[dim], torch.SymInt):
+    for dim, label in ((0, BATCH), (seq_dim, SEQ)):
+        if dim is not None and dim < fake.dim() and isinstance(fake.shape[dim], torch.SymInt):
             expr = fake.shape[dim].node.expr
             if isinstance(expr, sympy.Symbol):
                 names[expr] = label
@@ -145,6 +154,33 @@ def _fake(mode: FakeTensorMode, value: Any, names: dict, values: dict, symbolic:
 def _has_seq_dim(t: torch.Tensor) -> bool:
     """Token ids [B, T], or activations [B, T, D]."""
     return (t.dim() == 2 and not t.is_floating_point()) or t.dim() == 3
+
+
+_CONV1D_FUNCTIONS = (F.conv1d, torch.conv1d, masked_conv1d, torch.ops.aten.conv1d.default)
+
+
+def _seq_dims(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[int, int]:
+    """``{id(input): 2}`` for every 3-d input a conv1d reads directly: it is ``[B, C, L]``, and the
+    sequence is its length, not its channels (other inputs keep the ``[B, T, ...]`` rule)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    dims = {}
+    for node, value in zip(placeholders, _flat_inputs(gm, args, kwargs)):
+        if isinstance(value, torch.Tensor) and value.dim() == 3 and _feeds_conv1d(gm, node):
+            dims[id(value)] = 2
+    return dims
+
+
+def _feeds_conv1d(gm: fx.GraphModule, node: fx.Node) -> bool:
+    for user in node.users:
+        if not user.args or user.args[0] is not node:
+            continue
+        if user.op == "call_function" and (
+            user.target in _CONV1D_FUNCTIONS or user.target is torch.ops.aten.convolution.default
+        ):
+            return True
+        if user.op == "call_module" and isinstance(gm.get_submodule(str(user.target)), nn.Conv1d):
+            return True
+    return False
 
 
 def _flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:

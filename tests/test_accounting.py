@@ -108,3 +108,21 @@ def test_rigl_training_flops_average_over_the_update_interval() -> None:
     assert report.sparse_train == round((3 * f_s * 10 + 2 * f_s + f_d) / 11)
     static = sparsefx.flops(torch.nn.Sequential(torch.nn.Linear(100, 100, bias=False)), x, config=0.9)
     assert static.sparse_train == 3 * f_s
+
+
+@pytest.mark.parametrize("length", [64, 128])
+def test_the_sequence_of_a_conv1d_input_is_its_length_not_its_channels(length: int) -> None:
+    spec = build_model("conv1d")
+    (x,) = spec.args
+    x = torch.randn(x.shape[0], x.shape[1], length)  # [B, C, L]
+    report = sparsefx.flops(spec.model, (x,), config=0.9, symbolic=True)
+    dense, sparse = report.forward_expr
+    assert SEQ in dense.free_symbols and BATCH in dense.free_symbols
+    values = {BATCH: x.shape[0], SEQ: length}
+    assert (int(dense.subs(values)), int(sparse.subs(values))) == (
+        report.dense_forward,
+        report.sparse_forward,
+    )
+    doubled = {BATCH: x.shape[0], SEQ: 2 * length}
+    longer = sparsefx.flops(spec.model, (torch.randn(x.shape[0], x.shape[1], 2 * length),), config=0.9)
+    assert int(dense.subs(doubled)) == longer.dense_forward  # the formula holds at another length
