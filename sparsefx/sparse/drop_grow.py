@@ -75,14 +75,19 @@ def _grouped_drop_and_grow(
     weight_keys = _keys(weight, mask.reshape(-1)).view(mask.shape)
     keep = _largest_per_row(weight_keys, survivors)
     grown = _largest_per_row(_keys(grow_score, ~mask.reshape(-1)).view(mask.shape), grow)
-    pruned_only = _largest_per_row(weight_keys, torch.full_like(nnz, k))  # rows above the level
-    return torch.where((nnz > k).unsqueeze(1), pruned_only, keep | grown)
+    new = keep | grown
+    above = nnz > k  # rows above the level (a dense start): prune to k by magnitude, grow nothing
+    if bool(above.any()):
+        pruned_only = _largest_per_row(weight_keys, torch.full_like(nnz, k))
+        new = torch.where(above.unsqueeze(1), pruned_only, new)
+    return new
 
 
 def _largest_per_row(keys: Tensor, counts: Tensor) -> Tensor:
     """Each row's ``counts[row]`` largest keys (ties: the earlier position first)."""
     order = keys.argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(keys.shape[1]).expand_as(order))
+    positions = torch.arange(keys.shape[1], device=keys.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(1, order, positions)
     return rank < counts.unsqueeze(1)
 
 
