@@ -20,15 +20,15 @@ from typing import Any
 
 import sympy
 import torch
-import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from torch import fx, nn
+from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from sparsefx.ops import masked_conv1d
 
 from .manager import PassResult
+from .rewrite_sparse_ops import CONV_FNS, CONV_MODULES
 
 __all__ = ["PropagateShapes", "BATCH", "SEQ", "SHAPE_ENV", "SYMBOLS", "SYMBOL_VALUES", "sym_expr"]
 
@@ -74,7 +74,7 @@ def _run_fake(gm: fx.GraphModule, args: tuple, kwargs: dict, symbolic: bool) -> 
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     names: dict[sympy.Symbol, sympy.Symbol] = {}
     values: dict[sympy.Symbol, int] = {}
-    seq_dims = _seq_dims(gm, args, kwargs)
+    seq_dims = _seq_dims(gm, args, kwargs) if symbolic else {}
     fake_args, fake_kwargs = pytree.tree_map(
         lambda v: _fake(mode, v, names, values, symbolic, seq_dims.get(id(v))), (args, kwargs)
     )
@@ -156,7 +156,13 @@ def _has_seq_dim(t: torch.Tensor) -> bool:
     return (t.dim() == 2 and not t.is_floating_point()) or t.dim() == 3
 
 
-_CONV1D_FUNCTIONS = (F.conv1d, torch.conv1d, masked_conv1d, torch.ops.aten.conv1d.default)
+# What the rewrite turns into masked_conv1d, plus the op itself (a rewritten graph) and aten's
+# generic convolution (a 3-d input makes it a conv1d).
+_CONV1D_FUNCTIONS = frozenset(
+    [f for f, op in CONV_FNS.items() if op is masked_conv1d]
+    + [masked_conv1d, torch.ops.aten.convolution.default]
+)
+_CONV1D_MODULES = tuple(cls for cls, op in CONV_MODULES.items() if op is masked_conv1d)
 
 
 def _seq_dims(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[int, int]:
@@ -174,11 +180,9 @@ def _feeds_conv1d(gm: fx.GraphModule, node: fx.Node) -> bool:
     for user in node.users:
         if not user.args or user.args[0] is not node:
             continue
-        if user.op == "call_function" and (
-            user.target in _CONV1D_FUNCTIONS or user.target is torch.ops.aten.convolution.default
-        ):
+        if user.op == "call_function" and user.target in _CONV1D_FUNCTIONS:
             return True
-        if user.op == "call_module" and isinstance(gm.get_submodule(str(user.target)), nn.Conv1d):
+        if user.op == "call_module" and isinstance(gm.get_submodule(str(user.target)), _CONV1D_MODULES):
             return True
     return False
 
