@@ -38,6 +38,7 @@ from ..errors import ConfigError
 from ..ops import prune_, select
 from ..step_trust import note_state_masked, settle_step, state_tensors, trusted_states
 from .distributions import global_magnitude_masks
+from .drop_grow import drop_and_grow
 from .init import make_mask
 from .registry import register_algorithm
 from .schedules import Schedule, UpdateSchedule
@@ -364,6 +365,19 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     @abstractmethod
     def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:
         """The new mask of ``p`` at the current step."""
+
+    def drop_and_grow(self, p: Tensor, mask: Tensor, sparsity: float, grow_score: Tensor) -> Tensor:
+        """``sparse.drop_grow.drop_and_grow`` at this step's drop fraction, inside the group's balance
+        groups: what SET and RigL (and custom regrowth rules) call from ``update_mask``."""
+        return drop_and_grow(
+            p,
+            mask,
+            sparsity,
+            self.drop_fraction(self.step),
+            grow_score,
+            balance_out_groups=self.group.balance_out_groups,
+            balance_in_groups=self.group.balance_in_groups,
+        )
 
     def update(self) -> None:
         self._bind_pending()

@@ -13,7 +13,6 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from .base import DynamicSparsityAlgorithm
-from .drop_grow import drop_and_grow
 
 __all__ = ["RigL"]
 
@@ -34,12 +33,4 @@ class RigL(DynamicSparsityAlgorithm):
                 "optimizer.step() "
                 "on update steps"
             )
-        return drop_and_grow(
-            p,
-            mask,
-            sparsity,
-            self.drop_fraction(self.step),
-            grad,
-            balance_out_groups=self.group.balance_out_groups,
-            balance_in_groups=self.group.balance_in_groups,
-        )
+        return self.drop_and_grow(p, mask, sparsity, grad)

@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 
 from .base import DynamicSparsityAlgorithm
-from .drop_grow import drop_and_grow
 
 __all__ = ["SET"]
 
@@ -22,12 +21,4 @@ class SET(DynamicSparsityAlgorithm):
 
     def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:
         score = torch.rand(p.shape, generator=self.generator).to(p.device)
-        return drop_and_grow(
-            p,
-            mask,
-            sparsity,
-            self.drop_fraction(self.step),
-            score,
-            balance_out_groups=self.group.balance_out_groups,
-            balance_in_groups=self.group.balance_in_groups,
-        )
+        return self.drop_and_grow(p, mask, sparsity, score)
