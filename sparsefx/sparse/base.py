@@ -204,12 +204,9 @@ class SparsityAlgorithm(ABC):
 
     def _plain_grad_hook(self, grad: Tensor, sp: SparseParam) -> Tensor:
         """The gradient hook of a weight no graph reads: capture the dense gradient when armed, select."""
-        if self._capturing:
-            self._capture(sp.name, grad)
+        if self._capturing:  # only DynamicSparsityAlgorithm arms it, and defines _capture
+            self._capture(sp.name, grad)  # type: ignore[attr-defined]
         return _select_grad(grad, sp)
-
-    def _capture(self, name: str, grad: Tensor) -> None:
-        raise NotImplementedError(f"{type(self).__name__} sets needs_dense_grad but cannot capture gradients")
 
     def _arm_dense_grads(self) -> None:
         """Capture dense gradients in the backward of the next step (``needs_dense_grad`` only)."""
