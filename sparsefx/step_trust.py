@@ -63,7 +63,7 @@ _StateRecord = tuple[Tensor, int, int, tuple[tuple[str, Any, int], ...]]
 class _Tracker:
     """What the step hooks know about one optimizer."""
 
-    __slots__ = ("generation", "count", "members", "records", "pending", "masked", "trusted")
+    __slots__ = ("generation", "count", "members", "records", "pending", "masked")
 
     def __init__(self) -> None:
         self.generation = -1
@@ -72,7 +72,6 @@ class _Tracker:
         self.records: dict[int, _StateRecord] = {}  # id(weight) -> state known clean after a step
         self.pending: dict[int, _Pending] | None = None  # the step in flight
         self.masked: set[int] = set()  # weights whose state the algorithm masked for this step
-        self.trusted: set[int] = set()  # weights whose state is known clean for this step
 
     def refresh_members(self, optimizer: torch.optim.Optimizer) -> list[tuple[Tensor, Binding]]:
         """The bound weights ``optimizer`` updates, with their bindings (cached until either changes)."""
@@ -113,7 +112,8 @@ def trusted_states(optimizer: torch.optim.Optimizer) -> set[int]:
     Masking that state again would change nothing. Valid between the step's pre-hooks and the step.
     """
     tracker = _TRACKERS.get(optimizer)
-    return tracker.trusted if tracker is not None else set()
+    pending = tracker.pending if tracker is not None else None
+    return {key for key, entry in pending.items() if entry[3]} if pending else set()
 
 
 def _state_clean(state: dict[str, Any] | None, mask: Tensor, record: _StateRecord | None) -> bool:
@@ -152,8 +152,7 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
     if tracker is None:
         tracker = _TRACKERS[optimizer] = _Tracker()
     tracker.masked.clear()
-    records, state, trusted = tracker.records, optimizer.state, tracker.trusted
-    trusted.clear()
+    records, state = tracker.records, optimizer.state
     pending: dict[int, _Pending] = {}
     for weight, binding in tracker.refresh_members(optimizer):
         grad = weight.grad
@@ -166,10 +165,7 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
                 continue
             prune_(grad, mask)
         key = id(weight)
-        state_clean = _state_clean(state.get(weight), mask, records.get(key))
-        if state_clean:
-            trusted.add(key)
-        pending[key] = (weight, binding, mask, state_clean)
+        pending[key] = (weight, binding, mask, _state_clean(state.get(weight), mask, records.get(key)))
     tracker.pending = pending
 
 
@@ -194,7 +190,6 @@ def settle_step(optimizer: torch.optim.Optimizer) -> None:
         else:
             records.pop(key, None)
     masked.clear()
-    tracker.trusted.clear()
 
 
 def _after_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
