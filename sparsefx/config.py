@@ -29,7 +29,14 @@ import yaml
 
 from sparsefx.errors import ConfigError
 from sparsefx.sparse.distributions import METHODS, layer_densities
-from sparsefx.sparse.registry import DYNAMIC_ALGORITHMS, algorithm_names
+from sparsefx.sparse.registry import (
+    BUILTIN_ALGORITHMS,
+    DYNAMIC_ALGORITHMS,
+    GROUP_KEYS,
+    algorithm_names,
+    hyperparameters,
+    lookup,
+)
 from sparsefx.sparse.schedules import (
     Constant,
     Cycling,
@@ -54,6 +61,7 @@ __all__ = [
     "SparsityConfig",
     "ParamDecision",
     "SparsityPlan",
+    "with_defaults",
 ]
 
 DEFAULT_SEED = 0
@@ -68,21 +76,6 @@ DEFAULT_UPDATES = {
 }
 GRAMMARS = ("float", "modelzoo", "cstorch", "list")
 FILTER_KINDS = ("default", "regex", "glob", "callable")
-GROUP_KEYS = (
-    "algorithm",
-    "sparsity",
-    "param_filter",
-    "param_name_patterns",
-    "init_method",
-    "seed",
-    "update",
-    "drop_fraction",
-    "balance_in_groups",
-    "balance_out_groups",
-    "distribution",
-    "type",
-    "schedule",
-)
 OVERRIDE_KEYS = ("sparsity", "init_method", "seed")
 PARAMS_FILE_SECTIONS = ("model", "optimizer", "train_input", "eval_input", "runconfig")
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -176,6 +169,9 @@ class GroupConfig:
     ``global``). It is solved over a *pool*: the groups whose ``pool`` (or, when None, ``path``) is
     the same. Patterns of one config dict share a pool, except an entry that overrides ``sparsity``,
     which forms its own, so an explicit per-pattern level always wins.
+
+    ``options`` are a user algorithm's hyperparameters (config keys its constructor names), passed to
+    its constructor; ``given`` are the keys the config itself gave (the rest are defaults).
     """
 
     path: str
@@ -191,6 +187,7 @@ class GroupConfig:
     options: tuple[tuple[str, Any], ...] = ()
     distribution: str = "uniform"
     pool: str | None = None
+    given: frozenset[str] = frozenset()
 
     @property
     def pool_key(self) -> str:
@@ -587,8 +584,9 @@ def _float_group(value: Any, path: str) -> GroupConfig:
 
 
 def _parse_group(data: Mapping[str, Any], path: str) -> list[GroupConfig]:
-    _check_keys(data, GROUP_KEYS, path)
     algorithm = _parse_algorithm(data, path)
+    options = _parse_options(data, algorithm, path)
+    _check_keys({key: value for key, value in data.items() if key not in options}, GROUP_KEYS, path)
     if "param_filter" in data and "param_name_patterns" in data:
         raise ConfigError(f"{path}: give param_filter (globs) or param_name_patterns (regexes), not both")
     sparsity_key = _alias(data, "sparsity", "schedule", path, deprecated=False)
@@ -629,11 +627,59 @@ def _parse_group(data: Mapping[str, Any], path: str) -> list[GroupConfig]:
                 drop_fraction=drop_fraction,
                 balance_in_groups=balance_in,
                 balance_out_groups=balance_out,
+                options=tuple(options.items()),
                 distribution=distribution,
                 pool=None if own_pool else path,
+                given=frozenset(data) | frozenset(overrides),
             )
         )
     return groups
+
+
+def _parse_options(data: Mapping[str, Any], algorithm: str, path: str) -> dict[str, Any]:
+    """The hyperparameters of a user algorithm: keys that are not group keys, checked against the
+    names its constructor takes (built-in algorithms take none)."""
+    extra = {key: value for key, value in data.items() if key not in GROUP_KEYS}
+    cls = lookup(algorithm) if algorithm not in BUILTIN_ALGORITHMS else None
+    if not extra or cls is None:
+        return {}
+    accepted = hyperparameters(cls)
+    for key in extra:
+        if key in accepted:
+            continue
+        close = difflib.get_close_matches(key, (*accepted, *GROUP_KEYS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        takes = ", ".join(accepted) if accepted else "no hyperparameters"
+        raise ConfigError(
+            f"{key_path(path, key)}: unknown key{hint}; {cls.__name__}.__init__ accepts {takes} "
+            f"besides the group keys: {', '.join(GROUP_KEYS)}"
+        )
+    return extra
+
+
+def with_defaults(group: GroupConfig, defaults: Mapping[str, Any]) -> GroupConfig:
+    """``group`` with the settings of ``defaults`` that its config did not give.
+
+    This is how a user algorithm's own defaults apply under a config: its constructor may pass, say,
+    ``update={"freq": 10}`` on to ``super().__init__``; a config that gives ``update`` wins.
+
+    >>> g = load_config({"sparsity": 0.5}).groups[0]
+    >>> with_defaults(g, {"seed": 7, "sparsity": 0.9}).seed, with_defaults(g, {"sparsity": 0.9}).sparsity
+    (7, Constant(value=0.5))
+    """
+    _check_keys(defaults, GROUP_KEYS, group.path)
+    fresh = {
+        key: value
+        for key, value in defaults.items()
+        if key not in group.given and key not in ("algorithm", "type")
+    }
+    if not fresh:
+        return group
+    fields = {"param_name_patterns": "param_filter", "schedule": "sparsity"}
+    data = {"algorithm": group.algorithm, "sparsity": group.sparsity, **fresh}
+    parsed = _parse_group(data, group.path)[0]
+    changes: dict[str, Any] = {fields.get(key, key): getattr(parsed, fields.get(key, key)) for key in fresh}
+    return replace(group, **changes, given=group.given | frozenset(fresh))
 
 
 def _parse_distribution(data: Mapping[str, Any], path: str) -> str:
@@ -733,8 +779,8 @@ def _parse_group_update(data: Mapping[str, Any], algorithm: str, path: str) -> U
 
 
 def _parse_drop_fraction(data: Mapping[str, Any], algorithm: str, path: str) -> Schedule | None:
-    if "drop_fraction" not in data:
-        return Constant(DEFAULT_DROP_FRACTION) if algorithm in ("set", "rigl") else None
+    if "drop_fraction" not in data:  # user algorithms may call drop_and_grow too
+        return None if algorithm in ("static", "gmp") else Constant(DEFAULT_DROP_FRACTION)
     if algorithm in ("static", "gmp"):
         raise ConfigError(
             f"{path}.drop_fraction: only set and rigl drop and regrow; {algorithm} has no drop_fraction"

@@ -33,14 +33,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..bound import bind_weight, binding_of
-from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan, load_config
+from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan
 from ..errors import ConfigError
 from ..ops import prune_, select
 from ..step_trust import note_state_masked, settle_step, state_tensors, trusted_states
 from .distributions import global_magnitude_masks
 from .drop_grow import drop_and_grow
 from .init import make_mask
-from .registry import register_algorithm
+from .registry import register_algorithm, resolve_group
 from .schedules import Schedule, UpdateSchedule
 from .select import resolve_plan
 
@@ -93,11 +93,9 @@ class SparsityAlgorithm(ABC):
         if cls.__dict__.get("selectable", True) and ABC not in cls.__bases__:
             register_algorithm(cls, cls.__dict__.get("name") or cls.__name__.lower())
 
-    def __init__(self, group: GroupConfig | None = None, /, **kwargs: Any) -> None:
-        if group is None:
-            kwargs.setdefault("algorithm", type(self).name or type(self).__name__.lower())
-            group = _one_group(kwargs)
-        self.group = group
+    def __init__(self, group: GroupConfig | Any = None, /, **kwargs: Any) -> None:
+        # a parsed group, or the group keys as keywords (a level may come first, Cerebras style)
+        self.group = resolve_group(self, group, kwargs)
         self.autoupdate = True
         self.step = 0
         self.params: dict[str, SparseParam] = {}
@@ -491,10 +489,3 @@ def _maskable(value: Any, param: Tensor) -> bool:
         and value.is_floating_point()
         and not getattr(value, "requires_dense", False)
     )
-
-
-def _one_group(kwargs: dict[str, Any]) -> GroupConfig:
-    cfg = load_config(kwargs)
-    if len(cfg.groups) != 1:
-        raise ConfigError(f"sparsity: expected one group of settings; got {len(cfg.groups)}")
-    return cfg.groups[0]

@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from . import gmp, rigl, set, static  # noqa: F401  (register the built-in algorithms)
 from .base import SparsityAlgorithm
 from .group import Group
-from .registry import lookup
+from .registry import construct, lookup
 
 __all__ = ["build_algorithm"]
 
@@ -25,7 +25,8 @@ def build_algorithm(cfg: SparsityConfig) -> SparsityAlgorithm:
 
 
 def _one(group: GroupConfig) -> SparsityAlgorithm:
+    """Construct the group's class with its hyperparameters, however its ``__init__`` is written."""
     cls = lookup(group.algorithm)
     if cls is None:
         raise ConfigError(f"{group.path}.algorithm: {group.algorithm!r} has no implementation")
-    return cls(group)
+    return construct(cls, group)
