@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from sparsefx import ops
-from sparsefx.sparse.init import keep_count
+from sparsefx.sparse.counts import keep_count
 
 from .manager import PassResult, attr_at
 from .shape_prop import PropagateShapes, sym_expr  # noqa: F401  (doctest)
@@ -141,10 +141,24 @@ def _masked(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> NodeFlops:
 
 
 def mask_nnz(mask: torch.Tensor, decision: Any = None) -> int:
-    """Kept entries of ``mask``; on the meta device, the count the decision's level implies."""
+    """Kept entries of ``mask``; on the meta device, the count the decision's level implies.
+
+    That count is ``keep_count`` (exact) of the whole tensor, or of each balance group times the
+    number of groups::
+
+        >>> from sparsefx.config import ParamDecision
+        >>> meta = torch.empty(10, 10, dtype=torch.bool, device="meta")
+        >>> mask_nnz(meta, ParamDecision("w", (10, 10), True, 0.9))
+        10
+        >>> mask_nnz(meta, ParamDecision("w", (10, 10), True, 0.75, balance_out_groups=10))
+        20
+    """
     if mask.device.type != "meta":
         return int(mask.count_nonzero())
-    return keep_count(mask.numel(), decision.sparsity) if decision is not None else mask.numel()
+    if decision is None:
+        return mask.numel()
+    groups = decision.balance_out_groups or decision.balance_in_groups or 1
+    return groups * keep_count(mask.numel() // groups, decision.sparsity)
 
 
 def _decision(gm: fx.GraphModule, weight_path: str) -> Any:

@@ -126,7 +126,9 @@ def test_rigl_grows_where_the_dense_gradient_is_largest() -> None:
     with torch.no_grad():
         layer.weight.copy_(torch.tensor([[0.0, 5.0, 0.0, 4.0, 0.0, 0.1]]))
     sparsity = RigL(sparsity=0.5, update={"freq": 1}, drop_fraction=1 / 3, param_filter="weight")
-    sparsity.apply(layer)
+    sparsity.apply(layer)  # prunes to a random initial mask: set the weights again, then the mask
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[0.0, 5.0, 0.0, 4.0, 0.0, 0.1]]))
     sparsity.params["weight"].mask = layer.weight != 0
     opt = torch.optim.SGD(layer.parameters(), lr=0.0)
     sparsity.apply(opt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def stable_global_topk(weights: dict[str, torch.Tensor], sparsity: float) -> dic
     flat = torch.cat(
         [w.detach().float().abs().nan_to_num(nan=0.0, posinf=0.0).reshape(-1) for w in weights.values()]
     )
-    k = int((1 - sparsity) * flat.numel())
+    k = math.floor((1 - Fraction(str(sparsity))) * flat.numel())
     keep = torch.zeros(flat.numel(), dtype=torch.bool)
     keep[torch.sort(flat, descending=True, stable=True).indices[:k]] = True
     sizes = [w.numel() for w in weights.values()]
@@ -239,7 +240,7 @@ def test_compile_erk_masks_meet_the_budget():
         assert sm.plan[name].sparsity == pytest.approx(level, abs=1e-12)
         assert nnz[name] == keep_count(NUMEL[name], sm.plan[name].sparsity)
     assert nnz == {"fc1.weight": 18714, "fc2.weight": 6905, "fc3.weight": 1000}
-    assert 0 <= 26620 - sum(nnz.values()) < len(nnz)  # each layer floors int((1 - s_l) * numel)
+    assert 0 <= 26620 - sum(nnz.values()) < len(nnz)  # each layer floors (1 - s_l) * numel
 
 
 def test_compile_erk_with_a_conv():
@@ -261,8 +262,8 @@ def test_compile_global_is_one_topk_across_layers():
     d = sm.plan["fc2.weight"]
     assert (d.distribution, d.sparsity, d.init_method, d.pool) == ("global", 0.9, "topk", "sparsity")
     assert (
-        sum(int(m.sum()) for m in sm.masks.values()) == keep_count(TOTAL, 0.9) == 26619
-    )  # int((1 - 0.9) * 266200)
+        sum(int(m.sum()) for m in sm.masks.values()) == keep_count(TOTAL, 0.9) == 26620
+    )  # floor((1 - 0.9) * 266200) exactly; float64 int((1 - 0.9) * 266200) gives 26619
     want = stable_global_topk(weights, 0.9)
     assert all(torch.equal(sm.masks[name], want[name]) for name in MLP_SHAPES)
     assert int(sm.masks["fc3.weight"].sum()) > 900

@@ -9,7 +9,8 @@ would pass 1 is made dense and the rest solved again::
     >>> {k: round(v, 4) for k, v in layer_densities(shapes, 0.9, "erk").items()}
     {'fc1': 0.0796, 'fc2': 0.2302, 'fc3': 1.0}
 
-``global_magnitude_masks`` keeps the ``int((1 - s) * total)`` largest ``|w|`` over all tensors at once::
+``global_magnitude_masks`` keeps the ``keep_count(total, s)`` largest ``|w|`` over all tensors at once
+(``floor((1 - s) * total)`` evaluated exactly, see ``sparse.counts``)::
 
     >>> masks = global_magnitude_masks({"a": torch.tensor([1.0, -5.0]), "b": torch.tensor([3.0, 0.5])}, 0.5)
     >>> masks["a"].tolist(), masks["b"].tolist()
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .counts import exact_level, keep_count
 
 __all__ = ["METHODS", "layer_densities", "global_magnitude_masks"]
 
@@ -90,7 +92,7 @@ def _solve(raw: dict[str, float], sizes: dict[str, int], sparsity: float, method
     Raising eps only saturates more layers, so taking out every saturated layer at once is safe.
     """
     total = sum(sizes.values())
-    budget = (1.0 - sparsity) * total
+    budget = float((1 - exact_level(sparsity)) * total)
     dense: set[str] = set()
     eps = 0.0
     while len(dense) < len(raw):
@@ -115,7 +117,7 @@ def _solve(raw: dict[str, float], sizes: dict[str, int], sparsity: float, method
 
 
 def global_magnitude_masks(weights: Mapping[str, Tensor], sparsity: float) -> dict[str, Tensor]:
-    """Bool masks keeping the ``int((1 - s) * total)`` largest ``|w|`` across all of ``weights``.
+    """Bool masks keeping the ``keep_count(total, s)`` largest ``|w|`` across all of ``weights``.
 
     Ties keep the earlier tensor (in ``weights``' order), then the lower flat index. NaN and inf
     rank as 0, as in ``init.make_mask``. Works in two streaming passes: a 65536-bucket histogram of
@@ -127,7 +129,7 @@ def global_magnitude_masks(weights: Mapping[str, Tensor], sparsity: float) -> di
     if any(w.device.type == "meta" for w in weights.values()):
         return {name: torch.empty(w.shape, dtype=torch.bool, device=w.device) for name, w in weights.items()}
     total = sum(w.numel() for w in weights.values())
-    k = int((1.0 - sparsity) * total)
+    k = keep_count(total, sparsity)
     if k <= 0 or k >= total:
         return {
             name: torch.full(w.shape, k > 0, dtype=torch.bool, device=w.device) for name, w in weights.items()

@@ -1,17 +1,17 @@
 """The drop-and-grow step shared by SET and RigL, with exact counts.
 
-Keep ``k = int((1 - s) * numel)`` entries: the ``min(nnz, k) - n_drop`` kept entries with the
-largest ``|w|`` survive (``n_drop = int(drop_fraction * min(nnz, k))``), and the rest of ``k`` is
-grown among the positions that were inactive before the drop, by ``grow_score`` (larger first).
-When the level rises above the current density (a dense start), the step only prunes to ``k``.
-With ``balance_out_groups`` or ``balance_in_groups`` the same step runs inside every group (rows of
-``weight.reshape(groups, -1)``, or of its transpose for input groups), so a balanced mask stays
-balanced. With a constant level the number of nonzeros never changes::
+Keep ``k = keep_count(numel, s)`` entries. Drop: the ``keep_count(nnz, drop_fraction)`` kept
+entries with the largest ``|w|`` survive (``int((1 - drop_fraction) * nnz)``, evaluated exactly),
+and the rest of ``k`` is grown among the positions that were inactive before the drop, by
+``grow_score`` (larger first). When the level rises above the current density (a dense start), the
+step only prunes to ``k``. With ``balance_out_groups`` or ``balance_in_groups`` the same step runs
+inside every group (rows of ``weight.reshape(groups, -1)``, or of its transpose for input groups),
+so a balanced mask stays balanced. With a constant level the number of nonzeros never changes::
 
-    >>> w = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.0, 2.0])
-    >>> mask = w != 0
-    >>> drop_and_grow(w, mask, 0.5, 1 / 3, torch.tensor([9.0, 0, 1, 0, 5, 0])).int().tolist()
-    [1, 1, 0, 0, 0, 1]
+    >>> w = torch.tensor([0.0, 4.0, 0.0, 1.0, 0.0, 3.0, 2.0, 0.0])
+    >>> score = torch.tensor([0.0, 0.0, 1.0, 9.0, 0.0, 0.0, 0.0, 5.0])
+    >>> drop_and_grow(w, w != 0, 0.5, 0.5, score).int().tolist()
+    [0, 1, 1, 0, 0, 1, 0, 1]
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .init import from_groups, keep_count, select_largest, to_groups
+from .counts import keep_count
+from .init import from_groups, select_largest, to_groups
 
 __all__ = ["drop_and_grow", "magnitude_key"]
 
@@ -52,12 +53,10 @@ def drop_and_grow(
         return select_largest(torch.where(flat_mask, magnitude_key(weight).reshape(-1) + 1, 0), k).reshape(
             mask.shape
         )
-    n_drop = int(drop_fraction * min(nnz, k))
-    survivors = min(nnz, k) - n_drop
+    survivors = keep_count(nnz, drop_fraction)
     keep = select_largest(_keys(weight, flat_mask), survivors)
     inactive = int((~flat_mask).count_nonzero())
-    grow = min(k - survivors, inactive)
-    grown = select_largest(_keys(grow_score, ~flat_mask), grow)
+    grown = select_largest(_keys(grow_score, ~flat_mask), min(k - survivors, inactive))
     return (keep | grown).reshape(mask.shape)
 
 
@@ -69,11 +68,10 @@ def _grouped_drop_and_grow(
     k = keep_count(n, sparsity)
     nnz = mask.sum(dim=1)
     kept = torch.minimum(nnz, torch.full_like(nnz, k))
-    n_drop = (drop_fraction * kept.double()).floor().long()  # int() of a non-negative float
-    survivors = kept - n_drop
-    grow = torch.minimum(k - survivors, n - nnz)
+    survivors = _keep_counts(kept, drop_fraction)
     weight_keys = _keys(weight, mask.reshape(-1)).view(mask.shape)
     keep = _largest_per_row(weight_keys, survivors)
+    grow = torch.minimum(k - survivors, mask.shape[1] - nnz)
     grown = _largest_per_row(_keys(grow_score, ~mask.reshape(-1)).view(mask.shape), grow)
     new = keep | grown
     above = nnz > k  # rows above the level (a dense start): prune to k by magnitude, grow nothing
@@ -81,6 +79,17 @@ def _grouped_drop_and_grow(
         pruned_only = _largest_per_row(weight_keys, torch.full_like(nnz, k))
         new = torch.where(above.unsqueeze(1), pruned_only, new)
     return new
+
+
+def _keep_counts(counts: Tensor, drop_fraction: float) -> Tensor:
+    """``keep_count(c, drop_fraction)`` of every entry of the integer tensor ``counts``.
+
+    >>> _keep_counts(torch.tensor([10, 3, 10]), 0.3).tolist()
+    [7, 2, 7]
+    """
+    values, where = counts.unique(return_inverse=True)  # balanced rows share one count
+    kept = [keep_count(int(c), drop_fraction) for c in values.tolist()]
+    return torch.tensor(kept, dtype=counts.dtype, device=counts.device)[where]
 
 
 def _largest_per_row(keys: Tensor, counts: Tensor) -> Tensor:

@@ -1,14 +1,17 @@
 """Initial mask patterns: ``random``, ``topk``, ``from_zeros``, ``checkerboard`` or a user callable.
 
-Every method but ``from_zeros`` keeps exactly ``int((1 - s) * numel)`` entries (per balance group
-when groups are asked for). Randomness comes from a private generator seeded per parameter, so the
-same seed gives the same mask whatever else ran before::
+Every method but ``from_zeros`` keeps exactly ``keep_count(numel, s)`` entries, ``floor((1 - s) *
+numel)`` evaluated exactly (per balance group when groups are asked for). Randomness comes from a
+private generator seeded per parameter, so the same seed gives the same mask whatever else ran
+before::
 
     >>> w = torch.randn(4, 8)
     >>> int(make_mask(w, 0.75, "random", seed=7).sum())
     8
     >>> torch.equal(make_mask(w, 0.75, "random", seed=7), make_mask(w, 0.75, "random", seed=7))
     True
+    >>> int(make_mask(torch.randn(10, 10), 0.9, "topk").sum())  # float64 int((1 - 0.9) * 100) is 9
+    10
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .counts import keep_count
 
 __all__ = [
     "make_mask",
@@ -35,11 +39,6 @@ INIT_METHODS: tuple[str, ...] = ("random", "topk", "from_zeros", "checkerboard")
 InitFn = Callable[..., Tensor]
 
 
-def keep_count(numel: int, sparsity: float) -> int:
-    """How many entries a top-k at ``sparsity`` keeps: ``int((1 - s) * numel)``."""
-    return int((1.0 - sparsity) * numel)
-
-
 def topk_mask(
     score: Tensor,
     sparsity: float,
@@ -47,7 +46,7 @@ def topk_mask(
     balance_out_groups: int | None = None,
     balance_in_groups: int | None = None,
 ) -> Tensor:
-    """Bool mask keeping the top ``int((1 - s) * n)`` scores, globally or inside each balance group."""
+    """Bool mask keeping the top ``keep_count(n, s)`` scores, globally or inside each balance group."""
     grouped = to_groups(score, balance_out_groups, balance_in_groups)
     k = keep_count(grouped.shape[1], sparsity)
     if grouped.shape[0] == 1 and not score.is_floating_point():

@@ -2,7 +2,7 @@
 
 Lower sparsity regrows pruned positions at random (seeded per parameter, weights start at 0);
 higher sparsity keeps the pruned positions pruned and prunes the smallest kept ``|w|`` too.
-Either way exactly ``int((1 - s) * numel)`` entries stay::
+Either way exactly ``keep_count(numel, s)`` entries stay (``floor((1 - s) * numel)``, exact)::
 
     >>> w = torch.tensor([[0.5, -3.0, 0.0, 2.0]])
     >>> mask = torch.tensor([[True, True, False, True]])
@@ -10,6 +10,8 @@ Either way exactly ``int((1 - s) * numel)`` entries stay::
     tensor([[False,  True, False,  True]])
     >>> int(retarget_mask(w, mask, 0.0, seed=0).sum())
     4
+    >>> int(retarget_mask(torch.ones(10, 10), torch.ones(10, 10, dtype=torch.bool), 0.9, seed=0).sum())
+    10
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..checkpoint import follows_mask, masked_params
 from ..config import param_seed
 from ..errors import ConfigError
 from ..ops import prune_
-from .init import keep_count
+from .counts import keep_count
 
 __all__ = ["retarget_mask", "retarget_"]
 
