@@ -14,6 +14,7 @@ from .compiler import compile
 from .config import SparsityConfig, load_config
 from .errors import (
     CaptureError,
+    CheckpointError,
     ConfigError,
     EmulationError,
     LoweringError,
@@ -43,4 +44,5 @@ __all__ = [
     "VerifyError",
     "ProgramFormatError",
     "EmulationError",
+    "CheckpointError",
 ]

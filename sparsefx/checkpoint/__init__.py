@@ -2,7 +2,8 @@
 
 A checkpoint is one ``torch.save`` zip holding ``{"format": "sparsefx-checkpoint", "version": 1,
 "model": state_dict, "optimizer": state_dict | None, "sparsity": dict | None, "extra": dict | None}``.
-Writes are atomic (temp file in the same folder, fsync, ``os.replace``); reads use only
+Writes are atomic (temp file in the same folder, fsync, ``os.replace``), keep an overwritten file's
+permission bits, and report a full disk as a CheckpointError that says "no space left"; reads use only
 ``torch.load(weights_only=True)``, so a hostile file cannot run code. A truncated, foreign or
 mismatching file raises :class:`~sparsefx.errors.CheckpointError` naming the file and the problem::
 
