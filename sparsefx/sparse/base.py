@@ -335,7 +335,9 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
     """Base of algorithms that recompute masks on update steps: implement ``update_mask``.
 
     ``update_mask(p, mask, sparsity) -> bool mask`` gets the parameter, its current mask and the
-    target level at this step. Weights and optimizer state at regrown positions start at 0.
+    target level at this step. Regrown means active in the new mask and not in the old one: there
+    the weight and the same-shape optimizer state start at 0. A position dropped and regrown in the
+    same update was never pruned, so it keeps its weight and optimizer state.
     """
 
     dynamic = True
@@ -392,7 +394,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
             with torch.no_grad():
                 new = self.update_mask(sp.param.detach(), old, self.sparsity_at(sp, self.step))
             self._check_mask(name, new, sp)
-            grown = new & ~old
+            grown = new & ~old  # newly active only: a weight dropped and regrown here keeps its state
             sp.mask = new
             with torch.no_grad():
                 sp.param.data.masked_fill_(grown, 0.0)

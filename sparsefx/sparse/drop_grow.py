@@ -1,17 +1,20 @@
 """The drop-and-grow step shared by SET and RigL, with exact counts.
 
 Keep ``k = keep_count(numel, s)`` entries. Drop: the ``keep_count(nnz, drop_fraction)`` kept
-entries with the largest ``|w|`` survive (``int((1 - drop_fraction) * nnz)``, evaluated exactly),
-and the rest of ``k`` is grown among the positions that were inactive before the drop, by
-``grow_score`` (larger first). When the level rises above the current density (a dense start), the
-step only prunes to ``k``. With ``balance_out_groups`` or ``balance_in_groups`` the same step runs
-inside every group (rows of ``weight.reshape(groups, -1)``, or of its transpose for input groups),
-so a balanced mask stays balanced. With a constant level the number of nonzeros never changes::
+entries with the largest ``|w|`` survive (``int((1 - drop_fraction) * nnz)``, evaluated exactly).
+Grow: the other ``k - survivors`` are the best ``grow_score`` (larger first) among every position
+not kept after the drop, the just-dropped ones included (RigL's Algorithm 1 grows outside
+``theta`` minus ``I_drop``; Cerebras applies ``make_mask_grow_maximum`` to the dropped mask), so a
+dropped weight with a large score comes straight back. When the level rises above the current
+density (a dense start), the step only prunes to ``k``. With ``balance_out_groups`` or
+``balance_in_groups`` the same step runs inside every group (rows of ``weight.reshape(groups, -1)``,
+or of its transpose for input groups), so a balanced mask stays balanced. With a constant level the
+number of nonzeros never changes. Here ``1.0`` and ``2.0`` are dropped and ``1.0`` grows back::
 
     >>> w = torch.tensor([0.0, 4.0, 0.0, 1.0, 0.0, 3.0, 2.0, 0.0])
     >>> score = torch.tensor([0.0, 0.0, 1.0, 9.0, 0.0, 0.0, 0.0, 5.0])
     >>> drop_and_grow(w, w != 0, 0.5, 0.5, score).int().tolist()
-    [0, 1, 1, 0, 0, 1, 0, 1]
+    [0, 1, 0, 1, 0, 1, 0, 1]
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def drop_and_grow(
     balance_out_groups: int | None = None,
     balance_in_groups: int | None = None,
 ) -> Tensor:
-    """New mask: drop the smallest kept weights, grow the best-scored inactive positions."""
+    """New mask: drop the smallest kept weights, grow the best-scored positions not kept after the drop."""
     if balance_out_groups or balance_in_groups:
         groups = (balance_out_groups, balance_in_groups)
         grouped = _grouped_drop_and_grow(
@@ -55,8 +58,7 @@ def drop_and_grow(
         )
     survivors = keep_count(nnz, drop_fraction)
     keep = select_largest(_keys(weight, flat_mask), survivors)
-    inactive = int((~flat_mask).count_nonzero())
-    grown = select_largest(_keys(grow_score, ~flat_mask), min(k - survivors, inactive))
+    grown = select_largest(_keys(grow_score, ~keep), k - survivors)  # k <= numel: enough room
     return (keep | grown).reshape(mask.shape)
 
 
@@ -71,8 +73,7 @@ def _grouped_drop_and_grow(
     survivors = _keep_counts(kept, drop_fraction)
     weight_keys = _keys(weight, mask.reshape(-1)).view(mask.shape)
     keep = _largest_per_row(weight_keys, survivors)
-    grow = torch.minimum(k - survivors, mask.shape[1] - nnz)
-    grown = _largest_per_row(_keys(grow_score, ~mask.reshape(-1)).view(mask.shape), grow)
+    grown = _largest_per_row(_keys(grow_score, ~keep.reshape(-1)).view(mask.shape), k - survivors)
     new = keep | grown
     above = nnz > k  # rows above the level (a dense start): prune to k by magnitude, grow nothing
     if bool(above.any()):

@@ -1,5 +1,9 @@
 """RigL: drop the smallest kept weights, regrow where the dense gradient is largest.
 
+Regrowth ranks every position not kept after the drop, the just-dropped ones included (RigL's
+Algorithm 1): a dropped weight whose gradient is large comes straight back, with its value and
+optimizer state, since it was never pruned.
+
 The dense gradient is the full gradient before masking, summed over the micro-batches since the
 last optimizer step, and averaged over ranks under DDP before masks change.
 

@@ -1,4 +1,7 @@
-"""SET: drop the smallest kept weights, regrow as many at random among the inactive positions.
+"""SET: drop the smallest kept weights, regrow at random among every position not kept after the drop.
+
+The just-dropped positions are candidates too, so a dropped weight may come straight back; it then
+keeps its value and optimizer state (see ``DynamicSparsityAlgorithm``).
 
 >>> SET(sparsity=0.9).drop_fraction(0)
 0.3
