@@ -15,7 +15,6 @@ no buffers. A mask that already exists is kept: running the pass twice changes n
 
 from __future__ import annotations
 
-import copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 from torch import fx, nn
 
 from sparsefx.config import load_config  # noqa: F401  (doctest)
+from sparsefx.shell import PRIVATE, private_copy
 from sparsefx.sparse.distributions import global_magnitude_masks
 from sparsefx.sparse.init import make_mask
 
@@ -111,18 +111,8 @@ def own_module(root: nn.Module, path: str) -> nn.Module:
     module = root
     for part in path.split(".") if path else []:
         child = module._modules[part]
-        if not getattr(child, "_sparsefx_private", False):
-            child = _private_copy(child)
+        if not getattr(child, PRIVATE, False):
+            child = private_copy(child)
             module._modules[part] = child
         module = child
     return module
-
-
-def _private_copy(module: nn.Module) -> nn.Module:
-    clone = copy.copy(module)
-    clone._parameters = dict(module._parameters)
-    clone._buffers = dict(module._buffers)
-    clone._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
-    clone._modules = dict(module._modules)
-    clone._sparsefx_private = True
-    return clone

@@ -28,6 +28,7 @@ from torch import fx, nn
 
 from sparsefx import ops
 
+from .effects import eliminate_dead_code
 from .insert_masks import mask_name
 from .manager import PassResult
 from .select_params import SELECTED
@@ -70,7 +71,7 @@ class RewriteSparseOps:
             if node.op == "get_attr" and node.target in selected:
                 rewritten += self._rewrite_weight_uses(gm, node)
         if rewritten:
-            graph.eliminate_dead_code()
+            eliminate_dead_code(graph)
             gm.recompile()
         return PassResult(gm, modified=bool(rewritten), info={"rewritten": rewritten})
 

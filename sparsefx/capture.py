@@ -21,7 +21,6 @@ Parameter and buffer names always stay the original fully qualified names::
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import inspect
 import io
@@ -36,7 +35,7 @@ from torch import fx, nn
 
 from .errors import CaptureError
 
-__all__ = ["Captured", "capture", "CAPTURE_METHODS"]
+__all__ = ["Captured", "capture", "capture_graph", "CAPTURE_METHODS"]
 
 CAPTURE_METHODS = ("auto", "fx", "export")
 
@@ -58,6 +57,8 @@ class Captured:
     graphs: dict[str, fx.GraphModule]
     inputs: dict[str, Inputs] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
+    static: set[str] = field(default_factory=set)
+    methods: dict[str, str] = field(default_factory=dict)
 
 
 def capture(
@@ -85,9 +86,9 @@ def capture(
             f"torch.fx.symbolic_trace failed on {type(model).__name__} ({why}); the torch.export "
             "fallback needs example inputs: pass example_inputs=(x,) (and example_kwargs=...)"
         )
-    gm, why = _try_export(model, args, kwargs)
+    gm, why, static = _try_export(model, args, kwargs)
     if gm is not None:
-        return Captured(gm, "export", {"": gm}, {"": (args, kwargs)}, log)
+        return Captured(gm, "export", {"": gm}, {"": (args, kwargs)}, log, {""} if static else set())
     log.append(f"export: {why}")
     if method == "export":
         raise CaptureError(f"torch.export failed on {type(model).__name__}: {why}")
@@ -98,32 +99,99 @@ def capture(
 
 
 def _try_fx(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str]:
-    concrete = _unsupplied_defaults(model, args, kwargs)
+    concrete = _concrete_args(model, args, kwargs)
     try:
-        gm = fx.symbolic_trace(model, concrete_args=concrete or None)
+        with _state_unchanged(model):
+            graph = _BufferTracer().trace(model, concrete_args=concrete or None)
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError, AttributeError ...
         return None, _one_line(exc)
-    return gm, ""
+    _restore_argument_names(graph, model)
+    return fx.GraphModule(model, graph, model.__class__.__name__), ""
 
 
-def _unsupplied_defaults(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """Forward parameters with defaults that the example inputs leave out: trace them as constants."""
+def _restore_argument_names(graph: fx.Graph, model: nn.Module) -> None:
+    """fx renames a baked-in argument (``flag`` becomes ``flag_1``); give it its name back so that
+    calls passing it by keyword still work."""
+    names = set(inspect.signature(model.forward).parameters)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    taken = {n.target for n in placeholders}
+    for node in placeholders:
+        base, _, suffix = str(node.target).rpartition("_")
+        if suffix.isdigit() and base in names and base not in taken:
+            taken.add(base)
+            node.target = base
+
+
+class _BufferTracer(fx.Tracer):
+    """Reads of buffers become graph nodes, so in-place updates of them (``running.mul_(0.9)``) are
+    recorded instead of being run once on the real tensor while tracing."""
+
+    proxy_buffer_attributes = True
+
+
+@contextlib.contextmanager
+def _state_unchanged(model: nn.Module) -> Iterator[None]:
+    """Fail a trace that assigned to a parameter or buffer (``self.count += 1`` stores a Proxy) or
+    changed one in place; put the original tensors back either way."""
+    before = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    versions = {
+        id(t): t._version for _, ps, bs in before for t in (*ps.values(), *bs.values()) if t is not None
+    }
+    try:
+        yield
+    finally:
+        changed = []
+        for module, params, buffers in before:
+            for kind, now, then in (
+                ("parameter", module._parameters, params),
+                ("buffer", module._buffers, buffers),
+            ):
+                changed += [f"{kind} {k!r}" for k in set(now) | set(then) if now.get(k) is not then.get(k)]
+                now.clear()
+                now.update(then)
+        changed += [
+            f"tensor {id(t):#x}"
+            for _, ps, bs in before
+            for t in (*ps.values(), *bs.values())
+            if t is not None and t._version != versions[id(t)]
+        ]
+    if changed:
+        raise CaptureError(
+            f"forward assigns to or updates {changed[0]} outside what fx can record (torch.export can)"
+        )
+
+
+def _concrete_args(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Forward parameters fx should bake in: defaults the call leaves out, and supplied values that
+    are not tensors (``None``, flags, sizes). ``sparsefx.dispatch`` keys graphs by exactly these."""
     params = list(inspect.signature(model.forward).parameters.values())
     concrete = {}
     for i, p in enumerate(params):
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is p.empty:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        supplied = p.name in kwargs or (i < len(args) and p.kind != p.KEYWORD_ONLY)
-        if not supplied:
+        if p.name in kwargs:
+            value = kwargs[p.name]
+        elif i < len(args) and p.kind != p.KEYWORD_ONLY:
+            value = args[i]
+        elif p.default is not p.empty:
             concrete[p.name] = p.default
+            continue
+        else:
+            continue
+        if _bakeable(value):
+            concrete[p.name] = value
     return concrete
+
+
+def _bakeable(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 # ----------------------------------------------------------------------------------------- export
 
 
-def _try_export(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str]:
-    """Export with dynamic dims where the model allows them, else with static shapes."""
+def _try_export(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str, bool]:
+    """Export with dynamic dims where the model allows them, else with static shapes (the flag)."""
     args, kwargs = _unalias(args, kwargs)
     hook = model.register_forward_hook(_register_output_dataclasses)
     try:
@@ -132,10 +200,10 @@ def _try_export(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphMo
             try:
                 with _quiet_torch_logs():
                     ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
-                return ep.module(), ""
+                return ep.module(), "", dynamic is None
             except Exception as exc:  # export raises many unrelated types
                 errors.append(_one_line(exc))
-        return None, errors[-1]
+        return None, errors[-1], False
     finally:
         hook.remove()
 
@@ -208,24 +276,34 @@ def _walk(obj: Any) -> Iterator[Any]:
 
 
 def _capture_partial(model: nn.Module, args: tuple, kwargs: dict, log: list[str]) -> Captured:
-    """Keep the root eager; capture each child with parameters on its own, recursively."""
+    """Keep the root eager; capture each child with parameters on its own, recursively.
+
+    ``model`` is left as it is: the caller installs the graphs at their paths.
+    """
     seen = _record_child_inputs(model, args, kwargs, log)
-    root, graphs, inputs = _capture_children(model, "", seen, log)
+    graphs: dict[str, fx.GraphModule] = {}
+    static: set[str] = set()
+    methods: dict[str, str] = {}
+    _capture_children(model, "", seen, log, graphs, static, methods)
     if not graphs:
         raise CaptureError(
             f"could not capture {type(model).__name__} or any of its children; tried: " + " | ".join(log)
         )
     log.append(f"partial: root runs eagerly; captured {', '.join(sorted(graphs))}")
-    return Captured(root, "partial", graphs, inputs, log)
+    inputs = {path: seen[path] for path in graphs if path in seen}
+    methods = {path: methods[path] for path in graphs}
+    return Captured(model, "partial", graphs, inputs, log, static, methods)
 
 
 def _capture_children(
-    module: nn.Module, prefix: str, seen: dict[str, Inputs], log: list[str]
-) -> tuple[nn.Module, dict[str, fx.GraphModule], dict[str, Inputs]]:
-    shell = copy.copy(module)
-    shell._modules = dict(module._modules)
-    graphs: dict[str, fx.GraphModule] = {}
-    inputs: dict[str, Inputs] = {}
+    module: nn.Module,
+    prefix: str,
+    seen: dict[str, Inputs],
+    log: list[str],
+    graphs: dict[str, fx.GraphModule],
+    static: set[str],
+    methods: dict[str, str],
+) -> None:
     for name, child in module.named_children():
         path = f"{prefix}{name}"
         if not any(True for _ in child.parameters()):
@@ -233,23 +311,24 @@ def _capture_children(
         child_args, child_kwargs = seen.get(path, ((), {}))
         gm, why = _try_fx(child, child_args, child_kwargs)
         if gm is None and path in seen:
-            gm, why = _try_export(child, child_args, child_kwargs)
+            gm, why, shapes_fixed = _try_export(child, child_args, child_kwargs)
+            if shapes_fixed:
+                static.add(path)
+            methods[path] = "export"
         if gm is not None:
-            shell._modules[name] = gm
             graphs[path] = gm
-            if path in seen:
-                inputs[path] = seen[path]
+            methods.setdefault(path, "fx")
             continue
         log.append(f"{path}: {why}")
-        sub, sub_graphs, sub_inputs = _capture_children(child, f"{path}.", seen, log)
-        shell._modules[name] = sub
-        graphs.update(sub_graphs)
-        inputs.update(sub_inputs)
-    return shell, graphs, inputs
+        _capture_children(child, f"{path}.", seen, log, graphs, static, methods)
 
 
 def _record_child_inputs(model: nn.Module, args: tuple, kwargs: dict, log: list[str]) -> dict[str, Inputs]:
-    """Run the model once and keep the first inputs each submodule received."""
+    """Run the model once and keep the first inputs each submodule received.
+
+    The run leaves no trace: buffers (running statistics, counters) and the random number
+    generators are put back as they were.
+    """
     seen: dict[str, Inputs] = {}
     handles = []
     for path, sub in model.named_modules():
@@ -260,15 +339,49 @@ def _record_child_inputs(model: nn.Module, args: tuple, kwargs: dict, log: list[
             seen.setdefault(path, (a, kw))
 
         handles.append(sub.register_forward_pre_hook(hook, with_kwargs=True))
+    saved = [
+        (m, {k: v.clone() if v is not None else None for k, v in m._buffers.items()}) for m in model.modules()
+    ]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(*args, **kwargs)
     except Exception as exc:
         log.append(f"eager run to record child inputs failed: {_one_line(exc)}")
     finally:
         for h in handles:
             h.remove()
+        for module, buffers in saved:
+            for k, v in buffers.items():
+                current = module._buffers.get(k)
+                if current is not None and v is not None and current.shape == v.shape:
+                    with torch.no_grad():
+                        current.copy_(v)
+                else:
+                    module._buffers[k] = v
     return seen
+
+
+def capture_graph(
+    module: nn.Module, args: tuple, kwargs: dict, prefer: str = "fx"
+) -> tuple[fx.GraphModule, str, bool]:
+    """One graph of ``module`` for this call, ``prefer``'s method first: ``(gm, method, static shapes)``.
+
+    This is how a compiled model captures again for a new kind of call (``sparsefx.dispatch``).
+    """
+    order = ("export", "fx") if prefer == "export" else ("fx", "export")
+    errors = []
+    for method in order:
+        if method == "fx":
+            gm, why = _try_fx(module, args, kwargs)
+            static = False
+        else:
+            gm, why, static = _try_export(module, args, kwargs)
+        if gm is not None:
+            return gm, method, static
+        errors.append(f"{method}: {why}")
+    raise CaptureError(
+        f"could not capture {type(module).__name__} again for a new kind of call: {' | '.join(errors)}"
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -7,13 +7,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
-from torch import nn
+from torch import fx, nn
 
-from .capture import Captured, capture
+from .capture import Captured, capture, capture_graph
 from .config import ParamDecision, SparsityPlan, load_config
+from .dispatch import CapturedModule, Variant, call_key, shapes_of
 from .errors import CaptureError
 from .model import SparseModel
 from .passes.count_flops import CountFlops
@@ -22,6 +24,7 @@ from .passes.manager import PassManager
 from .passes.rewrite_sparse_ops import RewriteSparseOps
 from .passes.select_params import SelectSparseParams
 from .passes.shape_prop import PropagateShapes
+from .shell import private_tree, rehome
 from .sparse.build import build_algorithm
 from .sparse.select import resolve_plan
 
@@ -52,26 +55,16 @@ def compile(
     sparsity = build_algorithm(cfg) if cfg is not None else None
     start = sparsity.initial_plan(plan) if sparsity is not None else plan
     args, kwargs = normalize_inputs(example_inputs, example_kwargs)
-    captured = capture(model, args, kwargs, method=capture_method)
-    _check_captured(captured, plan)
+    tree = private_tree(model)
+    captured = capture(tree, args, kwargs, method=capture_method)
     history: list[tuple[str, str]] = []
     for path, gm in captured.graphs.items():
-        prefix = f"{path}." if path else ""
-        pipeline = PassManager(
-            [
-                PropagateShapes(captured.inputs.get(path)),
-                SelectSparseParams(start, prefix),
-                InsertMasks(),
-                RewriteSparseOps(),
-                CountFlops(),
-            ],
-            debug=debug,
-            label=path,
-        )
-        pipeline(gm)
-        history += [(f"{path}:{name}" if path else name, code) for name, code in pipeline.history]
+        rehome(gm, tree.get_submodule(path))
+        history += _run_passes(gm, path, start, captured.inputs.get(path), debug=debug)
+    _check_captured(captured, plan)
+    root = _install(tree, captured, start)
     sm = SparseModel(
-        captured.root,
+        root,
         graphs=captured.graphs,
         config=cfg,
         plan=plan,
@@ -84,6 +77,57 @@ def compile(
     if sparsity is not None:
         sparsity.bind(sm, plan, graph_masked=True)  # owns the masks; zeroes the pruned weights
     return sm
+
+
+def _run_passes(
+    gm: fx.GraphModule, path: str, plan: SparsityPlan, inputs: Inputs | None, *, debug: bool = False
+) -> list[tuple[str, str]]:
+    """The pipeline on one captured graph; returns ``[(pass name, graph code)]``."""
+    prefix = f"{path}." if path else ""
+    pipeline = PassManager(
+        [
+            PropagateShapes(inputs),
+            SelectSparseParams(plan, prefix),
+            InsertMasks(),
+            RewriteSparseOps(),
+            CountFlops(),
+        ],
+        debug=debug,
+        label=path,
+    )
+    pipeline(gm)
+    return [(f"{path}:{name}" if path else name, code) for name, code in pipeline.history]
+
+
+def _install(tree: nn.Module, captured: Captured, plan: SparsityPlan) -> nn.Module:
+    """Wrap each captured module as a CapturedModule at its path; the module to run at the root."""
+    root = tree
+    for path, gm in captured.graphs.items():
+        sub = tree.get_submodule(path)
+        inputs = captured.inputs.get(path)
+        key = call_key(sub.training, *inputs) if inputs is not None else None
+        static = path in captured.static
+        first = Variant(gm, captured.methods.get(path, captured.method), static)
+        shapes = shapes_of(*inputs) if static and inputs is not None else None
+        build = functools.partial(_variant, plan, path)
+        module = CapturedModule(sub, first, key, build, path=path, shapes=shapes)
+        if not path:
+            root = module
+            continue
+        parent, _, name = path.rpartition(".")
+        tree.get_submodule(parent)._modules[name] = module
+    return root
+
+
+def _variant(
+    plan: SparsityPlan, path: str, tree: nn.Module, args: tuple, kwargs: dict, prefer: str
+) -> Variant:
+    """Capture ``tree`` again for a new kind of call; the masks already exist, so only the rewrite runs."""
+    gm, method, static = capture_graph(tree, args, kwargs, prefer)
+    rehome(gm, tree)
+    prefix = f"{path}." if path else ""
+    PassManager([SelectSparseParams(plan, prefix), InsertMasks(), RewriteSparseOps()], label=path)(gm)
+    return Variant(gm, method, static)
 
 
 def normalize_inputs(example_inputs: Any, example_kwargs: Mapping[str, Any] | None = None) -> Inputs:

@@ -21,9 +21,12 @@ import sympy
 import torch
 from torch import fx, nn
 
+from .bound import binding_of
 from .config import SparsityConfig, SparsityPlan
+from .dispatch import CapturedModule, Variant, captured_modules
 from .ops import WEIGHT_ARG
 from .passes.count_flops import NodeFlops, mask_nnz
+from .shell import move_extras
 
 __all__ = ["SparseModel", "ParamReport"]
 
@@ -77,6 +80,8 @@ class SparseModel(nn.Module):
         self.graph_history = graph_history
         self.example_inputs = example_inputs or {}
         self.sparsity = sparsity
+        for module in captured_modules(root).values():
+            module.listeners.append(self._graph_added)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._root(*args, **kwargs)
@@ -85,34 +90,47 @@ class SparseModel(nn.Module):
         self._root.training = mode
         return super().train(mode)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> SparseModel:
+        super()._apply(fn, recurse)
+        if isinstance(self._root, CapturedModule):  # not a child: move its graph-only constants too
+            for variant in self._root.variants:
+                move_extras(variant.graph_module, fn)
+        return self
+
     @property
     def graph_module(self) -> fx.GraphModule | None:
         """The whole-model graph, or None when the root runs eagerly (partial capture)."""
         return self.graphs.get("")
 
+    def variants(self) -> dict[str, list[Variant]]:
+        """``{path: [Variant]}``: every graph captured so far per captured module (see ``dispatch``)."""
+        return {path: module.variants for path, module in captured_modules(self._root).items()}
+
     def weights_with_fresh_grads(self) -> frozenset[str]:
-        """Sparse weights read only as the weight operand of named masked ops of the whole-model graph.
+        """Sparse weights read only as the weight operand of named masked ops of every whole-model graph.
 
         The backward of those ops (linear, matmul, addmm, conv) computes the weight's gradient into
         a new tensor that nothing else holds, so the gradient hook may select it in place. A weight
-        read any other way, or a model captured in parts, is not listed.
+        read any other way, in any graph captured so far, or a model captured in parts, is not listed.
         """
-        gm = self.graph_module
-        if gm is None:
+        if self.graph_module is None:
             return frozenset()
         fresh, other = set(), set()
-        for node in gm.graph.nodes:
-            if node.op != "get_attr" or node.target not in self.plan.sparse:
-                continue
-            named = all(
-                user.op == "call_function"
-                and user.target in WEIGHT_ARG
-                and user.args[WEIGHT_ARG[user.target]] is node
-                and sum(a is node for a in (*user.args, *user.kwargs.values())) == 1
-                for user in node.users
-            )
-            (fresh if named and node.users else other).add(node.target)
+        for variant in self.variants()[""]:
+            _fresh_reads(variant.graph_module, self.plan.sparse, fresh, other)
         return frozenset(fresh - other)
+
+    def _graph_added(self, module: CapturedModule, variant: Variant) -> None:
+        """A graph captured for a new kind of call may read a weight another way: stop in-place selects."""
+        if self.sparsity is None or not getattr(self.sparsity, "_graph_masked", False):
+            return
+        fresh = self.weights_with_fresh_grads()
+        for name in self.plan.sparse:
+            binding = binding_of(self.get_parameter(name))
+            if binding is not None and name not in fresh:
+                binding.fresh = False
+        if hasattr(self.sparsity, "_fresh_grads"):
+            self.sparsity._fresh_grads = self.sparsity._fresh_grads & fresh
 
     @property
     def masks(self) -> dict[str, torch.Tensor]:
@@ -163,6 +181,20 @@ class SparseModel(nn.Module):
                 ParamReport(name, decision.shape, decision.sparsity, actual, nnz, numel, dense, sparse)
             )
         return reports
+
+
+def _fresh_reads(gm: fx.GraphModule, sparse: Any, fresh: set[str], other: set[str]) -> None:
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or node.target not in sparse:
+            continue
+        named = all(
+            user.op == "call_function"
+            and user.target in WEIGHT_ARG
+            and user.args[WEIGHT_ARG[user.target]] is node
+            and sum(a is node for a in (*user.args, *user.kwargs.values())) == 1
+            for user in node.users
+        )
+        (fresh if named and node.users else other).add(node.target)
 
 
 def _value(expr: sympy.Expr, env: dict) -> int:

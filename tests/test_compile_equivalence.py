@@ -17,7 +17,7 @@ CASES = {
     "zoo-data-dependent": "partial",
     "zoo-shape-branch": "export",
     "zoo-inplace": "export",
-    "zoo-dataclass": "export",
+    "zoo-dataclass": "fx",
     "zoo-dict": "export",
     "zoo-gpt2-conv1d": "export",
 }
