@@ -193,7 +193,7 @@ def _bakeable(value: Any) -> bool:
 def _try_export(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str, bool]:
     """Export with dynamic dims where the model allows them, else with static shapes (the flag)."""
     args, kwargs = _unalias(args, kwargs)
-    hook = model.register_forward_hook(_register_output_dataclasses)
+    hook = model.register_forward_hook(_register_output_types)
     try:
         errors = []
         for dynamic in (_auto_dims(model, args, kwargs), None):
@@ -251,25 +251,82 @@ def _auto_dims(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any] | 
     return spec
 
 
-def _register_output_dataclasses(module: nn.Module, inputs: Any, output: Any) -> None:
-    """Forward hook: make dataclass outputs (Hugging Face style) known to pytree before export flattens."""
+def _register_output_types(module: nn.Module, inputs: Any, output: Any) -> None:
+    """Forward hook: make the containers in the output known to pytree before export flattens it.
+
+    Dataclasses (Hugging Face model outputs) register as dataclasses. Any other object that holds
+    tensors in its attributes (a key/value cache) registers as a node whose children are those
+    attributes, rebuilt on the way out without calling ``__init__``.
+    """
     for obj in _walk(output):
         cls = type(obj)
-        if dataclasses.is_dataclass(obj) and cls not in pytree.SUPPORTED_NODES:
+        if cls in pytree.SUPPORTED_NODES:
+            continue
+        if dataclasses.is_dataclass(obj):
             torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+        elif _is_tensor_holder(obj):
+            pytree.register_pytree_node(
+                cls,
+                _flatten_attrs,
+                _unflatten_attrs,
+                serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+                flatten_with_keys_fn=_flatten_attrs_with_keys,
+            )
 
 
-def _walk(obj: Any) -> Iterator[Any]:
+def _walk(obj: Any, depth: int = 0) -> Iterator[Any]:
+    if depth > 16:
+        return
     yield obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _walk(getattr(obj, f.name))
+        children: Any = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
     elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _walk(v)
+        children = obj.values()
     elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _walk(v)
+        children = obj
+    elif _is_tensor_holder(obj):
+        children = vars(obj).values()
+    else:
+        children = ()
+    for child in children:
+        yield from _walk(child, depth + 1)
+
+
+def _is_tensor_holder(obj: Any, depth: int = 0) -> bool:
+    """A plain object (not a tensor, module or container) with a tensor somewhere in its attributes."""
+    if depth > 8 or isinstance(obj, (torch.Tensor, nn.Module, type)) or not hasattr(obj, "__dict__"):
+        return False
+    return any(_holds_tensors(v, depth + 1) for v in vars(obj).values())
+
+
+def _holds_tensors(value: Any, depth: int) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensors(v, depth + 1) for v in value.values())
+    return _is_tensor_holder(value, depth)
+
+
+def _flatten_attrs(obj: Any) -> tuple[list[Any], Any]:
+    attrs = vars(obj)
+    names = tuple(sorted(k for k, v in attrs.items() if _holds_tensors(v, 0)))
+    rest = tuple(sorted((k, v) for k, v in attrs.items() if k not in names))
+    return [attrs[k] for k in names], (type(obj), names, rest)
+
+
+def _flatten_attrs_with_keys(obj: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    children, context = _flatten_attrs(obj)
+    return [(pytree.GetAttrKey(name), c) for name, c in zip(context[1], children)], context
+
+
+def _unflatten_attrs(children: Any, context: Any) -> Any:
+    cls, names, rest = context
+    obj = object.__new__(cls)
+    vars(obj).update(rest)
+    vars(obj).update(zip(names, children))
+    return obj
 
 
 # ---------------------------------------------------------------------------------------- partial

@@ -161,7 +161,7 @@ class CapturedModule(nn.Module):
             variant = dataclasses.replace(variant, static_shapes=True)
         self._store(key, variant, shapes)
         logger.info(
-            "sparsefx: captured %s again (%s) for %s in %s mode: %s",
+            "captured %s again (%s) for %s in %s mode: %s",
             where,
             variant.method,
             reason,
