@@ -4,14 +4,17 @@
 >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4)), 0.5)
 >>> sm.sparsity_report()[0].nnz
 16
+
+The public names load on first use, so ``import sparsefx`` (and ``sparsefx --version``) does not
+import torch; the error classes are plain Python and load at once.
 """
 
 from __future__ import annotations
 
-from . import errors, sparse
-from .accounting import FlopReport, flops
-from .compiler import compile
-from .config import SparsityConfig, load_config
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import errors
 from .errors import (
     CaptureError,
     CheckpointError,
@@ -23,7 +26,13 @@ from .errors import (
     SparseFXError,
     VerifyError,
 )
-from .model import SparseModel
+
+if TYPE_CHECKING:
+    from . import sparse
+    from .accounting import FlopReport, flops
+    from .compiler import compile
+    from .config import SparsityConfig, load_config
+    from .model import SparseModel
 
 __version__ = "0.1.0"
 
@@ -46,3 +55,29 @@ __all__ = [
     "EmulationError",
     "CheckpointError",
 ]
+
+# public name -> (module relative to this package, attribute; None: the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "compile": (".compiler", "compile"),
+    "flops": (".accounting", "flops"),
+    "FlopReport": (".accounting", "FlopReport"),
+    "load_config": (".config", "load_config"),
+    "SparsityConfig": (".config", "SparsityConfig"),
+    "SparseModel": (".model", "SparseModel"),
+    "sparse": (".sparse", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first access and keep it, so later lookups are plain attributes."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sparsefx' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name, __name__)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

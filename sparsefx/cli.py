@@ -23,24 +23,19 @@ import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
-
-import rich.console
-import sympy
-import torch
-from rich.table import Table
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import sparsefx
-from sparsefx.checkpoint import finalize
-from sparsefx.compiler import resolve_plan
-from sparsefx.config import ParamDecision, SparsityConfig, SparsityPlan, load_config
-from sparsefx.demo import run_demo
 from sparsefx.errors import ConfigError, SparseFXError
-from sparsefx.model import SparseModel
-from sparsefx.models.registry import BUILTIN_MODELS, ModelSpec, build_model
-from sparsefx.passes.count_flops import op_name, weight_read
-from sparsefx.report import flop_table, is_ascii, make_console, sparsity_table
-from sparsefx.sparse.init import keep_count
+from sparsefx.models.names import BUILTIN_MODELS
+
+if TYPE_CHECKING:  # the handlers import these when they run: --help and --version stay light
+    import rich.console
+    from rich.table import Table
+
+    from sparsefx.config import ParamDecision, SparsityConfig, SparsityPlan
+    from sparsefx.model import SparseModel
+    from sparsefx.models.registry import ModelSpec
 
 __all__ = ["main", "build_parser", "inspect_data"]
 
@@ -175,6 +170,11 @@ def _model_args(parser: argparse.ArgumentParser, models: str) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """``sparsefx validate``: resolve the config against the model built on the meta device."""
+    from sparsefx.config import load_config
+    from sparsefx.models.registry import build_model
+    from sparsefx.report import make_console
+    from sparsefx.sparse.select import resolve_plan
+
     cfg = load_config(args.config)
     logger.info("config: %s grammar, %d group(s)", cfg.grammar, len(cfg.groups))
     spec = build_model(args.model, input_shape=args.input_shape, batch=args.batch, device="meta")
@@ -214,6 +214,8 @@ def _decisions_table(plan: SparsityPlan) -> Table:
 
 def _plan_summary(plan: SparsityPlan) -> str:
     """``3 sparse / 3 dense parameters; selected params 90.0% sparse; total params 85,002 -> 8,968``."""
+    from sparsefx.sparse.init import keep_count
+
     numels = {d.name: _numel(d.shape) for d in plan}
     selected = sum(numels[name] for name in plan.sparse)
     pruned = sum(numels[n] - keep_count(numels[n], d.sparsity) for n, d in plan.sparse.items())
@@ -246,6 +248,10 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """``sparsefx inspect``: compile on the example inputs and show the rewritten graph with FLOPs."""
+    from sparsefx.config import load_config
+    from sparsefx.models.registry import build_model
+    from sparsefx.report import make_console
+
     cfg = load_config(args.config) if args.config is not None else None
     spec = build_model(args.model, input_shape=args.input_shape, batch=args.batch, device="cpu")
     if not spec.args and not spec.kwargs:
@@ -264,6 +270,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def inspect_data(sm: SparseModel, spec: ModelSpec) -> dict[str, Any]:
     """Rows, totals, FLOP formulas and capture notes of a compiled model, as plain JSON-able data."""
+    import torch
+
     report = sparsefx.flops(sm, symbolic=True)
     rows = _graph_rows(sm)
     symbols: dict[str, int] = {}
@@ -302,6 +310,8 @@ def inspect_data(sm: SparseModel, spec: ModelSpec) -> dict[str, Any]:
 
 def _graph_rows(sm: SparseModel) -> list[dict[str, Any]]:
     """One row per graph node that reads a parameter or is counted for FLOPs, in graph order."""
+    from sparsefx.passes.count_flops import op_name, weight_read
+
     counted = {(path, row.node): (row, env) for path, row, env in sm.flop_rows()}
     masks = sm.masks
     rows = []
@@ -333,10 +343,14 @@ def _graph_rows(sm: SparseModel) -> list[dict[str, Any]]:
 
 
 def _value(expr: Any, env: dict) -> int:
+    import sympy
+
     return int(sympy.sympify(expr).subs(env))
 
 
 def _print_inspect(console: rich.console.Console, sm: SparseModel, data: dict, show_graph: bool) -> None:
+    from sparsefx.report import flop_table, is_ascii, sparsity_table
+
     log = " | ".join(data["capture_log"]) or "ok"
     console.print(f"[bold]{data['model']}[/]: captured with {data['capture_method']} ({log})", markup=True)
     table = _table(
@@ -395,6 +409,8 @@ def _report(totals: dict[str, int]) -> sparsefx.FlopReport:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``sparsefx demo``: the end-to-end job on a built-in model."""
+    from sparsefx.demo import run_demo
+
     run_demo(model=args.model, sparsity=args.sparsity, steps=args.steps, seed=args.seed)
     return 0
 
@@ -405,6 +421,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_finalize(args: argparse.Namespace) -> int:
     """``sparsefx finalize``: a plain dense checkpoint with no trace of sparsity."""
+    from sparsefx.checkpoint import finalize
+
     stats = finalize(args.input, args.output)
     print(f"finalized {args.input} -> {args.output} ({stats.layout}): {stats.summary()}")
     return 0
@@ -415,6 +433,8 @@ def cmd_finalize(args: argparse.Namespace) -> int:
 
 
 def _table(title: str, *columns: str) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column, no_wrap=True)

@@ -9,12 +9,14 @@ Shared by the CLI and the demo::
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import rich.console
 from rich.table import Table
 
-from .accounting import FlopReport
-from .model import SparseModel
+if TYPE_CHECKING:
+    from .accounting import FlopReport
+    from .model import SparseModel
 
 __all__ = ["make_console", "is_ascii", "sparsity_bar", "sparsity_table", "flop_table"]
 

@@ -23,6 +23,7 @@ from sparsefx.models import zoo
 from sparsefx.models.cnn import Conv1dNet, SmallCNN
 from sparsefx.models.gpt import GPT, gpt2_small, gpt_small_bench, gpt_tiny
 from sparsefx.models.mlp import MLP
+from sparsefx.models.names import BUILTIN_MODELS
 
 __all__ = ["ModelSpec", "BUILTIN_MODELS", "build_model"]
 
@@ -124,46 +125,20 @@ def _zoo_gpt2(shape: Shape | None, batch: int | None) -> tuple[nn.Module, tuple,
     return model, *model.example_inputs(batch, seq_len)
 
 
-_BUILTINS: dict[str, tuple[str, _Builder]] = {
-    "mlp": ("MLP 64 -> 256 -> 256 -> 10 with ReLU; input (batch, 64)", _mlp),
-    "gpt-tiny": ("GPT, 2 layers, d_model 64, 4 heads, vocab 256, ctx 64", _gpt("gpt-tiny", gpt_tiny)),
-    "gpt-small-bench": (
-        "GPT, 4 layers, d_model 256, 4 heads, vocab 2048, ctx 128 (benchmarks)",
-        _gpt("gpt-small-bench", gpt_small_bench),
-    ),
-    "gpt2-small": (
-        "GPT-2 small shape: 12 layers, d_model 768, 12 heads, vocab 50257",
-        _gpt("gpt2-small", gpt2_small),
-    ),
-    "cnn": ("Small CNN (strided + grouped Conv2d, BatchNorm) for 3x32x32 images", _cnn),
-    "conv1d": ("1-D CNN (Conv1d) for [batch, 4, 128] signals", _conv1d),
-    "zoo-data-dependent": (
-        "Branches on a tensor value; neither fx nor torch.export captures it",
-        _zoo_features("zoo-data-dependent", zoo.DataDependentMLP),
-    ),
-    "zoo-shape-branch": (
-        "Branches on input shapes; fx fails, torch.export works",
-        _zoo_sequence("zoo-shape-branch", zoo.ShapeBranchNet, (4, 24, 4)),
-    ),
-    "zoo-inplace": (
-        "Item assignment into activations; fx fails, torch.export works",
-        _zoo_features("zoo-inplace", zoo.InplaceAssignNet),
-    ),
-    "zoo-dataclass": (
-        "Keyword-only args and a dataclass output; fx fails, torch.export works",
-        _zoo_features("zoo-dataclass", zoo.DataclassOutputNet),
-    ),
-    "zoo-dict": (
-        "Python loop over the sequence length, dict output; fx fails, torch.export works",
-        _zoo_sequence("zoo-dict", zoo.DictOutputNet, (2, 8, 16)),
-    ),
-    "zoo-gpt2-conv1d": (
-        "Hugging Face-style tiny GPT-2 with Conv1D layers; fx fails, torch.export works",
-        _zoo_gpt2,
-    ),
+_BUILDERS: dict[str, _Builder] = {
+    "mlp": _mlp,
+    "gpt-tiny": _gpt("gpt-tiny", gpt_tiny),
+    "gpt-small-bench": _gpt("gpt-small-bench", gpt_small_bench),
+    "gpt2-small": _gpt("gpt2-small", gpt2_small),
+    "cnn": _cnn,
+    "conv1d": _conv1d,
+    "zoo-data-dependent": _zoo_features("zoo-data-dependent", zoo.DataDependentMLP),
+    "zoo-shape-branch": _zoo_sequence("zoo-shape-branch", zoo.ShapeBranchNet, (4, 24, 4)),
+    "zoo-inplace": _zoo_features("zoo-inplace", zoo.InplaceAssignNet),
+    "zoo-dataclass": _zoo_features("zoo-dataclass", zoo.DataclassOutputNet),
+    "zoo-dict": _zoo_sequence("zoo-dict", zoo.DictOutputNet, (2, 8, 16)),
+    "zoo-gpt2-conv1d": _zoo_gpt2,
 }
-
-BUILTIN_MODELS: dict[str, str] = {name: description for name, (description, _) in _BUILTINS.items()}
 
 _FACTORY_SYNTAX = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _EXPECTED = f"expected one of {sorted(BUILTIN_MODELS)} or 'package.module:factory'"
@@ -284,8 +259,8 @@ def build_model(
     devices, device_type = _fork_devices(torch_device)
     with torch.random.fork_rng(devices=devices, device_type=device_type), torch_device:
         torch.manual_seed(seed)
-        if spec in _BUILTINS:
-            model, args, kwargs = _BUILTINS[spec][1](shape, batch)
+        if spec in _BUILDERS:
+            model, args, kwargs = _BUILDERS[spec](shape, batch)
         elif ":" in spec:
             model, args, kwargs = _from_factory(spec, shape)
         else:
