@@ -191,10 +191,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _sparse_table(plan: SparsityPlan, cfg: SparsityConfig) -> Table:
-    table = _table("sparse parameters", "parameter", "shape", "algorithm", "sparsity", "init", "group")
+    """The sparse parameters; the group column only when the config has more than one group."""
+    groups = ("group",) if len(cfg.groups) > 1 else ()
+    table = _table("sparse parameters", "parameter", "shape", "algorithm", "sparsity", "init", *groups)
     for d in plan.sparse.values():
-        group = cfg.groups[d.group].path if d.group is not None else "-"
-        table.add_row(d.name, str(d.shape), d.algorithm or "-", f"{d.sparsity:.1%}", _init(d), group)
+        group = (cfg.groups[d.group].path if d.group is not None else "-",) if groups else ()
+        table.add_row(d.name, str(d.shape), d.algorithm or "-", f"{d.sparsity:.1%}", _init(d), *group)
     return table
 
 
@@ -349,40 +351,15 @@ def _value(expr: Any, env: dict) -> int:
 
 
 def _print_inspect(console: rich.console.Console, sm: SparseModel, data: dict, show_graph: bool) -> None:
-    from sparsefx.report import flop_table, is_ascii, sparsity_table
+    from sparsefx.report import fits, flop_table, is_ascii, sparsity_table
 
     log = " | ".join(data["capture_log"]) or "ok"
     console.print(f"[bold]{data['model']}[/]: captured with {data['capture_method']} ({log})", markup=True)
-    table = _table(
-        "graph nodes that read a weight or count FLOPs",
-        "node",
-        "op",
-        "parameter",
-        "shape",
-        "target",
-        "actual",
-        "dense FLOPs",
-        "sparse FLOPs",
-    )
-    for row in data["rows"]:
-        counted = row["dense_flops"] is not None
-        table.add_row(
-            row["node"],
-            row["op"],
-            row["param"] or "-",
-            str(tuple(row["shape"])) if row["shape"] is not None else "-",
-            f"{row['target']:.1%}" if row["sparse"] else ("dense" if row["param"] else "-"),
-            f"{row['actual']:.1%}" if row["sparse"] else "-",
-            f"{row['dense_flops']:,}" if counted else "-",
-            f"{row['sparse_flops']:,}" if counted else "-",
-        )
-    totals = data["totals"]
-    table.add_section()
-    table.add_row(
-        "total", "", "", "", "", "", f"{totals['dense_forward']:,}", f"{totals['sparse_forward']:,}"
-    )
+    table = _node_table(data, compact=False)
+    if not fits(table, console.width):
+        table = _node_table(data, compact=True)
     console.print(table)
-    console.print(flop_table(_report(totals), title="totals per call on the example inputs"))
+    console.print(flop_table(_report(data["totals"]), title="totals per call on the example inputs"))
     symbols = ", ".join(f"{k}={v}" for k, v in data["symbols"].items()) or "no symbols"
     exprs = data["expressions"]
     console.print(
@@ -391,12 +368,36 @@ def _print_inspect(console: rich.console.Console, sm: SparseModel, data: dict, s
         markup=False,
     )
     if sm.plan.sparse:
-        console.print(sparsity_table(sm, ascii_only=is_ascii(console)))
+        console.print(sparsity_table(sm, ascii_only=is_ascii(console), width=console.width))
     else:
         console.print("no sparse parameters (dense model)")
     if show_graph:
         console.print("final graph:", markup=False)
         console.print(sm.final_code(), markup=False, highlight=False, soft_wrap=True)
+
+
+def _node_table(data: dict, compact: bool) -> Table:
+    """The graph nodes with their parameters and FLOPs. ``compact`` (for narrow terminals) drops the
+    node and op columns and names each row by its parameter, or its node where it reads none."""
+    columns = ("parameter", "shape", "target", "actual", "dense FLOPs", "sparse FLOPs")
+    names = ("parameter or node",) if compact else ("node", "op", "parameter")
+    table = _table("graph nodes that read a weight or count FLOPs", *names, *columns[1:])
+    for row in data["rows"]:
+        counted = row["dense_flops"] is not None
+        label = (row["param"] or row["node"],) if compact else (row["node"], row["op"], row["param"] or "-")
+        table.add_row(
+            *label,
+            str(tuple(row["shape"])) if row["shape"] is not None else "-",
+            f"{row['target']:.1%}" if row["sparse"] else ("dense" if row["param"] else "-"),
+            f"{row['actual']:.1%}" if row["sparse"] else "-",
+            f"{row['dense_flops']:,}" if counted else "-",
+            f"{row['sparse_flops']:,}" if counted else "-",
+        )
+    totals = data["totals"]
+    table.add_section()
+    blanks = [""] * (len(names) + 2)
+    table.add_row("total", *blanks, f"{totals['dense_forward']:,}", f"{totals['sparse_forward']:,}")
+    return table
 
 
 def _report(totals: dict[str, int]) -> sparsefx.FlopReport:
@@ -432,12 +433,33 @@ def cmd_finalize(args: argparse.Namespace) -> int:
 # Shared helpers
 
 
+# Columns of figures and short codes: never wrapped nor cut; every other column folds when narrow.
+_FIGURES = (
+    "shape",
+    "algorithm",
+    "sparsity",
+    "init",
+    "decision",
+    "target",
+    "actual",
+    "dense FLOPs",
+    "sparse FLOPs",
+)
+
+
 def _table(title: str, *columns: str) -> Table:
     from rich.table import Table
 
+    from sparsefx.report import number_column, text_column
+
     table = Table(title=title, title_justify="left")
     for column in columns:
-        table.add_column(column, no_wrap=True)
+        if column not in _FIGURES:
+            text_column(table, column)
+        elif column.endswith("FLOPs"):  # the header may take two lines
+            number_column(table, column.replace(" ", "\n"))
+        else:
+            number_column(table, column, justify="left")
     return table
 
 

@@ -99,7 +99,7 @@ def test_validate_float_config(results: dict) -> None:
     assert "default exclusion: ndim <= 1" in dense
     assert "static" in sparse and "90.0%" in sparse
     assert "3 sparse / 3 dense parameters" in dense
-    assert "85,002 dense -> 8,968 sparse" in dense  # the same counts sparsefx.flops gives
+    assert "85,002 dense -> 8,969 sparse" in dense  # exact keep counts: 1,638 + 6,553 + 256 kept, 522 biases
     assert "every decision" not in dense
 
 
