@@ -12,6 +12,8 @@ that ran before::
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,6 +24,8 @@ from torch import fx
 from sparsefx.errors import PassError, VerifyError
 
 __all__ = ["Pass", "PassResult", "PassManager", "NodeFailure", "fail", "attr_at"]
+
+logger = logging.getLogger("sparsefx")
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,13 @@ class PassManager:
         where = f" in graph {self.label!r}" if self.label else ""
         ran = f" (passes run so far: {', '.join(done) or 'none'})"
         try:
-            result = p(gm)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = p(gm)
+            for w in caught:  # a warning from inside a pass is sparsefx's to fix, not the user's to read
+                if self.debug:
+                    raise PassError(f"{p.name} warned{where}: {w.category.__name__}: {w.message}{ran}")
+                logger.debug("%s warned%s: %s: %s", p.name, where, w.category.__name__, w.message)
             if self.debug:
                 self.verify(result.graph_module)
         except NodeFailure as exc:

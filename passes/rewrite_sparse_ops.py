@@ -86,7 +86,7 @@ class RewriteSparseOps:
         path = node.target
         with graph.inserting_before(node):
             attr = {
-                p: graph.get_attr(f"{path}.{p}") if getattr(mod, p, None) is not None else None
+                p: graph.get_attr(f"{path}.{p}") if isinstance(getattr(mod, p, None), torch.Tensor) else None
                 for p in ("weight", "bias")
             }
             masks = {p: graph.get_attr(mask_name(f"{path}.{p}")) for p in names}

@@ -15,6 +15,9 @@ on activations::
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +33,9 @@ from sparsefx.ops import masked_conv1d
 from .manager import PassResult
 from .rewrite_sparse_ops import CONV_FNS, CONV_MODULES
 
-__all__ = ["PropagateShapes", "BATCH", "SEQ", "SHAPE_ENV", "SYMBOLS", "SYMBOL_VALUES", "sym_expr"]
+__all__ = [
+    "INPUT_ERROR",
+    "PropagateShapes", "BATCH", "SEQ", "SHAPE_ENV", "SYMBOLS", "SYMBOL_VALUES", "sym_expr"]
 
 BATCH = sympy.Symbol("batch", positive=True, integer=True)
 SEQ = sympy.Symbol("seq", positive=True, integer=True)
@@ -59,14 +64,41 @@ class PropagateShapes:
             return PassResult(gm, modified=False)
         args, kwargs = self.inputs
         modes = ("symbolic", "meta", "fake") if self.symbolic else ("meta", "fake")
+        gm.meta.pop(INPUT_ERROR, None)
         for mode in modes:
             try:
-                _MODES[mode](gm, args, kwargs)
+                with _quiet_fake_tensor_logs():
+                    _MODES[mode](gm, args, kwargs)
                 gm.meta["sparsefx.shapes"] = mode
                 return PassResult(gm, modified=False)
             except Exception as exc:  # a model can defeat any one mode: guards, missing meta kernels
                 gm.meta["sparsefx.shapes"] = f"failed: {type(exc).__name__}: {exc}"
+                error = exc
+        if type(error) in _INPUT_ERRORS:  # a kernel's own check, not a mode the model defeats
+            where = getattr(error, "_sparsefx_node", None)
+            at = f"at {where.name} ({_target_name(where)}): " if where is not None else ""
+            gm.meta[INPUT_ERROR] = f"{at}{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         return PassResult(gm, modified=False)
+
+
+INPUT_ERROR = "sparsefx.input_error"
+
+
+def _target_name(node: fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+_INPUT_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError)
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_logs() -> Iterator[None]:
+    """Fake tensors log a traceback at ERROR before raising; the pass reports the failure itself."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _run_fake(gm: fx.GraphModule, args: tuple, kwargs: dict, symbolic: bool) -> None:
@@ -106,7 +138,12 @@ _MODES = {
 
 class _Recorder(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
+        try:
+            result = super().run_node(n)
+        except Exception as exc:
+            if not hasattr(exc, "_sparsefx_node"):
+                exc._sparsefx_node = n  # type: ignore[attr-defined]
+            raise
         if n.op != "output":
             n.meta["val"] = result
         return result

@@ -33,6 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx, nn
 
+from .dispatch import describe_call
 from .errors import CaptureError
 
 __all__ = ["Captured", "capture", "capture_graph", "CAPTURE_METHODS"]
@@ -403,7 +404,11 @@ def _record_child_inputs(model: nn.Module, args: tuple, kwargs: dict, log: list[
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(*args, **kwargs)
     except Exception as exc:
-        log.append(f"eager run to record child inputs failed: {_one_line(exc)}")
+        tried = " | ".join(log)
+        raise CaptureError(
+            f"{type(model).__name__} raised on the example inputs {describe_call(args, kwargs)}: "
+            f"{_one_line(exc)} (capture tried: {tried})"
+        ) from exc
     finally:
         for h in handles:
             h.remove()

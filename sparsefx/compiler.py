@@ -15,7 +15,7 @@ from torch import fx, nn
 
 from .capture import Captured, capture, capture_graph
 from .config import ParamDecision, SparsityPlan, load_config
-from .dispatch import CapturedModule, Variant, call_key, shapes_of
+from .dispatch import CapturedModule, Variant, call_key, describe_call, shapes_of
 from .errors import CaptureError
 from .model import SparseModel
 from .passes.count_flops import CountFlops
@@ -23,7 +23,7 @@ from .passes.insert_masks import InsertMasks
 from .passes.manager import PassManager
 from .passes.rewrite_sparse_ops import RewriteSparseOps
 from .passes.select_params import SelectSparseParams
-from .passes.shape_prop import PropagateShapes
+from .passes.shape_prop import INPUT_ERROR, PropagateShapes
 from .shell import private_tree, rehome
 from .sparse.build import build_algorithm
 from .sparse.select import resolve_plan
@@ -61,6 +61,7 @@ def compile(
     for path, gm in captured.graphs.items():
         rehome(gm, tree.get_submodule(path))
         history += _run_passes(gm, path, start, captured.inputs.get(path), debug=debug)
+        _check_inputs_fit(model, gm, path, captured.inputs.get(path))
     _check_captured(captured, plan)
     root = _install(tree, captured, start)
     sm = SparseModel(
@@ -148,6 +149,18 @@ def dense_plan(model: nn.Module) -> SparsityPlan:
         tuple(
             ParamDecision(n, tuple(p.shape), False, reason="no config") for n, p in model.named_parameters()
         )
+    )
+
+
+def _check_inputs_fit(model: nn.Module, gm: fx.GraphModule, path: str, inputs: Inputs | None) -> None:
+    """Example inputs that a kernel of the graph rejects (a shape or dtype mismatch) are a CaptureError."""
+    error = gm.meta.get(INPUT_ERROR)
+    if error is None or inputs is None:
+        return
+    what = f"{type(model).__name__}.{path}" if path else type(model).__name__
+    raise CaptureError(
+        f"example inputs {describe_call(*inputs)} do not fit {what}: {error}; "
+        "pass inputs shaped and typed as its forward expects"
     )
 
 

@@ -27,7 +27,7 @@ from torch import fx, nn
 
 from .shell import move_extras
 
-__all__ = ["CapturedModule", "Variant", "call_key", "shapes_of", "captured_modules"]
+__all__ = ["CapturedModule", "Variant", "call_key", "shapes_of", "captured_modules", "describe_call"]
 
 logger = logging.getLogger("sparsefx")
 
@@ -166,7 +166,7 @@ class CapturedModule(nn.Module):
             variant.method,
             reason,
             mode,
-            _describe(args, kwargs),
+            describe_call(args, kwargs),
         )
         for listener in self.listeners:
             listener(self, variant)
@@ -196,7 +196,8 @@ def _is_guard_failure(exc: BaseException) -> bool:
     return "Guard failed" in text or text.startswith("Expected input at")
 
 
-def _describe(args: tuple, kwargs: dict) -> str:
+def describe_call(args: tuple, kwargs: dict) -> str:
+    """A call's arguments in one line: ``(float32[2, 8], mask=None)``."""
     def one(v: Any) -> str:
         if isinstance(v, torch.Tensor):
             return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
