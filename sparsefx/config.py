@@ -62,6 +62,7 @@ __all__ = [
     "ParamDecision",
     "SparsityPlan",
     "with_defaults",
+    "closest_names",
 ]
 
 DEFAULT_SEED = 0
@@ -278,15 +279,17 @@ class SparsityConfig:
         *,
         dense: Mapping[str, str] | None = None,
         default_dense: Mapping[str, str] | None = None,
+        aliases: Mapping[str, str] | None = None,
     ) -> SparsityPlan:
         """Decide every parameter.
 
         ``dense`` maps names the caller forces dense to the reason. ``default_dense`` maps names
         that only the default filter leaves dense (say, weights of ``nn.Embedding`` modules named
-        ``wte``): an explicit pattern can still select them.
+        ``wte``): an explicit pattern can still select them. ``aliases`` maps the other names of a
+        tied parameter to the one listed (``{"lm_head.weight": "wte.weight"}``), for error hints.
         """
         params = _collect(named_params)
-        self._check_patterns([name for name, _, _ in params])
+        self._check_patterns([name for name, _, _ in params], aliases or {})
         forced = dict(dense or {})
         by_default = dict(default_dense or {})
         decisions = [self._decide(name, param, shape, forced, by_default) for name, param, shape in params]
@@ -317,7 +320,7 @@ class SparsityConfig:
                 out[i] = replace(decisions[i], sparsity=level)
         return out
 
-    def _check_patterns(self, names: list[str]) -> None:
+    def _check_patterns(self, names: list[str], aliases: Mapping[str, str]) -> None:
         """Every regex or glob must select at least one parameter: a typo should not silently do nothing."""
         for group in self.groups:
             pfilter = group.param_filter
@@ -327,9 +330,8 @@ class SparsityConfig:
                 if any(pfilter.pattern_matches(pattern, name) for name in names):
                     continue
                 where = group.path if pfilter.kind == "regex" else f"{group.path}.param_filter"
-                raise ConfigError(
-                    f"{where}: pattern {pattern!r} matches no parameter; {_closest(pattern, names)}"
-                )
+                hint = closest_names(pattern, names, aliases)
+                raise ConfigError(f"{where}: pattern {pattern!r} matches no parameter; {hint}")
 
     def _decide(
         self,
@@ -382,11 +384,69 @@ def _collect(named_params: Any) -> list[tuple[str, Any, tuple[int, ...]]]:
     return params
 
 
-def _closest(pattern: str, names: list[str]) -> str:
+def closest_names(pattern: str, names: list[str], aliases: Mapping[str, str] | None = None) -> str:
+    """A hint naming the parameters most like ``pattern``, for a pattern that matches none.
+
+    Names are ranked by the word tokens of the pattern they contain: whole tokens of the dotted or
+    underscored name first, then substrings, rarer tokens first, then by difflib similarity. With
+    no token in common, difflib alone ranks them. ``aliases`` (``{other name: listed name}``) of tied
+    parameters are candidates too, and shown as ``'<listed>' (tied with '<other>')``.
+
+    >>> closest_names("ffn.*weight", ["ln_f.weight", "blocks.0.ffn.fc.weight", "blocks.0.ffn.fc.bias"])
+    "closest parameter names: 'blocks.0.ffn.fc.weight', 'blocks.0.ffn.fc.bias', 'ln_f.weight'"
+    >>> closest_names("lm_head", ["wte.weight", "ln_f.weight"], {"lm_head.weight": "wte.weight"})
+    "closest parameter names: 'wte.weight' (tied with 'lm_head.weight')"
+    """
     if not names:
         return "the model has no parameters"
-    close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.3) or names[:5]
-    return "closest parameter names: " + ", ".join(repr(name) for name in close)
+    aliases = dict(aliases or {})
+    candidates = [*names, *aliases]
+    tokens = _pattern_tokens(pattern)
+    counts = {token: sum(token in name.lower() for name in candidates) for token in tokens}
+    scored = [(_token_score(name, tokens, counts), name) for name in candidates]
+    ranked = [name for score, name in sorted(scored, key=lambda item: item[0], reverse=True) if score[0]]
+    limit = 3
+    if not ranked:
+        ranked = difflib.get_close_matches(pattern, candidates, n=3, cutoff=0.3)
+    if not ranked:
+        ranked, limit = names[:5], 5
+    shown: dict[str, str | None] = {}  # listed name -> its other name, when tied
+    for name in ranked:
+        listed = aliases.get(name, name)
+        if listed in shown:
+            continue
+        shown[listed] = name if name != listed else _alias_of(listed, aliases)
+        if len(shown) == limit:
+            break
+    return "closest parameter names: " + ", ".join(
+        repr(name) + (f" (tied with {alias!r})" if alias else "") for name, alias in shown.items()
+    )
+
+
+def _pattern_tokens(pattern: str) -> tuple[str, ...]:
+    """The word tokens of a regex or glob, escapes and character classes left out.
+
+    >>> _pattern_tokens(r"blocks\\.\\d+\\.ffn.*weight")
+    ('blocks', 'ffn', 'weight')
+    """
+    text = re.sub(r"\\[A-Za-z]|\[[^\]]*\]|\{[^}]*\}", " ", pattern.lower())
+    return tuple(dict.fromkeys(token for token in re.split(r"[^a-z0-9]+", text) if token))
+
+
+def _token_score(name: str, tokens: tuple[str, ...], counts: Mapping[str, int]) -> tuple[float, ...]:
+    """(tokens matched, whole tokens, rarity of those matched, difflib similarity), to sort descending."""
+    lowered = name.lower()
+    words = set(re.split(r"[^a-z0-9]+", lowered))
+    whole = [token for token in tokens if token in words]
+    partial = [token for token in tokens if token not in words and token in lowered]
+    rarity = sum(1.0 / counts[token] for token in (*whole, *partial))
+    similarity = difflib.SequenceMatcher(None, " ".join(tokens), lowered).ratio()
+    return (len(whole) + len(partial), len(whole), rarity, similarity)
+
+
+def _alias_of(name: str, aliases: Mapping[str, str]) -> str | None:
+    """The first other name of a tied parameter listed as ``name``, if it has one."""
+    return next((alias for alias, listed in aliases.items() if listed == name), None)
 
 
 def _requires_dense(param: Any) -> bool:

@@ -736,3 +736,45 @@ def test_errors_are_value_errors_too():
 def test_group_defaults():
     g = GroupConfig(path="sparsity")
     assert (g.algorithm, g.init_method, g.seed, g.update, g.options) == ("static", "random", 0, None, ())
+
+
+# --- hints for a pattern that matches nothing ----------------------------------------------------------
+
+FFN_NAMES = {
+    "wte.weight": (10, 4),
+    "blocks.0.attn.qkv.weight": (12, 4),
+    "blocks.0.ffn.fc1.weight": (16, 4),
+    "blocks.0.ffn.fc2.weight": (4, 16),
+    "ln_f.weight": (4,),
+    "ln_f.bias": (4,),
+}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"sparsity": 0.5, "param_filter": "ffn.*weight"},  # a glob must match the whole name
+        {"sparsity": 0.5, "param_name_patterns": "ffn_.*weight"},
+        {"sparsity": 0.5, "param_name_patterns": r"blocks\.\d+\.ffn\.fc3"},
+    ],
+)
+def test_closest_names_rank_by_the_pattern_tokens(config: dict) -> None:
+    named = [(name, torch.empty(shape)) for name, shape in FFN_NAMES.items()]
+    with pytest.raises(ConfigError, match="matches no parameter") as info:
+        load_config(config).resolve(named)
+    hint = str(info.value).split("closest parameter names: ", 1)[1]
+    first, second = hint.split(", ")[:2]
+    assert "ffn" in first and "ffn" in second, hint
+    assert "ln_f" not in hint.split(", ")[0]
+
+
+def test_closest_names_mention_a_tied_alias() -> None:
+    from sparsefx.sparse.select import resolve_plan, tied_aliases
+
+    model = torch.nn.ModuleDict({"wte": torch.nn.Embedding(10, 4), "lm_head": torch.nn.Linear(4, 10, bias=False)})
+    model["lm_head"].weight = model["wte"].weight
+    assert tied_aliases(model) == {"lm_head.weight": "wte.weight"}
+    with _raises("pattern 'lm_head' matches no parameter; closest parameter names: 'wte.weight' (tied with"):
+        resolve_plan(load_config({"sparsity": 0.5, "param_name_patterns": "lm_head"}), model)
+    with _raises("'wte.weight' (tied with 'lm_head.weight')"):
+        resolve_plan(load_config({"sparsity": 0.5, "param_filter": "wte"}), model)

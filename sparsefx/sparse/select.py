@@ -14,14 +14,30 @@ from torch import nn
 
 from ..config import SparsityConfig, SparsityPlan, load_config  # noqa: F401  (load_config: doctest)
 
-__all__ = ["resolve_plan", "dense_modules", "embedding_weights"]
+__all__ = ["resolve_plan", "dense_modules", "embedding_weights", "tied_aliases"]
 
 
 def resolve_plan(cfg: SparsityConfig, model: nn.Module) -> SparsityPlan:
     """Decide every parameter of ``model``: config filters, ``requires_dense``, embedding modules."""
     return cfg.resolve(
-        model.named_parameters(), dense=dense_modules(model), default_dense=embedding_weights(model)
+        model.named_parameters(),
+        dense=dense_modules(model),
+        default_dense=embedding_weights(model),
+        aliases=tied_aliases(model),
     )
+
+
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """``{other name: listed name}`` of parameters reachable under more than one name (a tied LM head);
+    ``named_parameters`` lists each under its first name only."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
 
 
 def embedding_weights(model: nn.Module) -> dict[str, str]:
