@@ -387,8 +387,9 @@ def _collect(named_params: Any) -> list[tuple[str, Any, tuple[int, ...]]]:
 def closest_names(pattern: str, names: list[str], aliases: Mapping[str, str] | None = None) -> str:
     """A hint naming the parameters most like ``pattern``, for a pattern that matches none.
 
-    Names are ranked by the word tokens of the pattern they contain: whole tokens of the dotted or
-    underscored name first, then substrings, rarer tokens first, then by difflib similarity. With
+    Names are ranked by the word tokens of the pattern they contain (``weight`` and ``bias`` count
+    last): whole tokens of the dotted or underscored name first, then substrings, rarer tokens
+    first, then by difflib similarity. With
     no token in common, difflib alone ranks them. ``aliases`` (``{other name: listed name}``) of tied
     parameters are candidates too, and shown as ``'<listed>' (tied with '<other>')``.
 
@@ -404,7 +405,7 @@ def closest_names(pattern: str, names: list[str], aliases: Mapping[str, str] | N
     tokens = _pattern_tokens(pattern)
     counts = {token: sum(token in name.lower() for name in candidates) for token in tokens}
     scored = [(_token_score(name, tokens, counts), name) for name in candidates]
-    ranked = [name for score, name in sorted(scored, key=lambda item: item[0], reverse=True) if score[0]]
+    ranked = [name for score, name in sorted(scored, key=lambda item: item[0], reverse=True) if score[1]]
     limit = 3
     if not ranked:
         ranked = difflib.get_close_matches(pattern, candidates, n=3, cutoff=0.3)
@@ -423,6 +424,9 @@ def closest_names(pattern: str, names: list[str], aliases: Mapping[str, str] | N
     )
 
 
+_PARAM_KINDS = frozenset({"weight", "bias"})
+
+
 def _pattern_tokens(pattern: str) -> tuple[str, ...]:
     """The word tokens of a regex or glob, escapes and character classes left out.
 
@@ -434,14 +438,17 @@ def _pattern_tokens(pattern: str) -> tuple[str, ...]:
 
 
 def _token_score(name: str, tokens: tuple[str, ...], counts: Mapping[str, int]) -> tuple[float, ...]:
-    """(tokens matched, whole tokens, rarity of those matched, difflib similarity), to sort descending."""
+    """(tokens matched other than weight/bias, tokens matched, whole tokens, rarity of those matched,
+    difflib similarity), to sort descending: ``weight`` says little about which module was meant."""
     lowered = name.lower()
     words = set(re.split(r"[^a-z0-9]+", lowered))
     whole = [token for token in tokens if token in words]
     partial = [token for token in tokens if token not in words and token in lowered]
-    rarity = sum(1.0 / counts[token] for token in (*whole, *partial))
+    matched = (*whole, *partial)
+    telling = sum(token not in _PARAM_KINDS for token in matched)
+    rarity = sum(1.0 / counts[token] for token in matched)
     similarity = difflib.SequenceMatcher(None, " ".join(tokens), lowered).ratio()
-    return (len(whole) + len(partial), len(whole), rarity, similarity)
+    return (telling, len(matched), len(whole), rarity, similarity)
 
 
 def _alias_of(name: str, aliases: Mapping[str, str]) -> str | None:
