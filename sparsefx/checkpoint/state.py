@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..errors import CheckpointError, ConfigError
 from ..ops import prune_
 from .files import PathLike, atomic_save, read_file, why
-from .masks import masked_params
+from .masks import follows_mask, masked_params
 
 __all__ = [
     "FORMAT",
@@ -89,6 +89,8 @@ def load_checkpoint(
                 prune_(param, mask)
     if optimizer is not None:
         load_optimizer(optimizer, ckpt["optimizer"], path)
+        if model is not None:  # masks re-levelled on load: their state follows (0 where pruned)
+            _mask_state(model, optimizer)
     if sparsity is not None:
         if ckpt["sparsity"] is None:
             raise CheckpointError(f"{path}: holds no sparsity algorithm state")
@@ -99,6 +101,14 @@ def load_checkpoint(
                 f"{path}: sparsity state does not fit {type(sparsity).__name__}: {exc}"
             ) from exc
     return ckpt
+
+
+def _mask_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    with torch.no_grad():
+        for param, mask in masked_params(model).values():
+            for key, value in optimizer.state.get(param, {}).items():
+                if follows_mask(key, value, param):
+                    value.masked_fill_(~mask.to(value.device), 0.0)
 
 
 def validate(obj: Any, path: PathLike) -> dict[str, Any]:

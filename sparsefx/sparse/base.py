@@ -41,6 +41,7 @@ from .distributions import global_magnitude_masks
 from .drop_grow import drop_and_grow
 from .init import make_mask
 from .registry import register_algorithm, resolve_group
+from .relevel import relevel
 from .schedules import Schedule, UpdateSchedule
 from .select import resolve_plan
 
@@ -102,6 +103,7 @@ class SparsityAlgorithm(ABC):
         self._called: list[weakref.ref[nn.Module]] = []
         self._pending_hooks: list[Any] = []
         self._grad_hooks: list[Any] = []
+        self._relevel_hooks: list[Any] = []
         self._target_hooks: list[Hook] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._graph_masked = False
@@ -147,6 +149,11 @@ class SparsityAlgorithm(ABC):
             self._bind_param(model, decision, premade.get(decision.name))
         self._arm_dense_grads()
         self.prune_weights()
+        self._relevel_hooks.append(model.register_load_state_dict_post_hook(self._relevel_loaded))
+
+    def _relevel_loaded(self, model: nn.Module, incompatible: Any) -> None:
+        """After ``load_state_dict``: masks saved at another level are brought to the config's."""
+        relevel(self, model)
 
     def _global_masks(self, model: nn.Module, plan: SparsityPlan) -> dict[str, Tensor]:
         """One magnitude top-k per pool for ``distribution: global`` parameters that have no mask yet."""
