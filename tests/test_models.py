@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
+import sparsefx
 from sparsefx.errors import ConfigError
 from sparsefx.models import (
     BUILTIN_MODELS,
@@ -16,6 +17,7 @@ from sparsefx.models import (
     ZooOutput,
     build_model,
 )
+from sparsefx.sparse.init import keep_count
 
 ALL = sorted(BUILTIN_MODELS)
 FX_TRACEABLE = ["mlp", "gpt-tiny", "gpt-small-bench", "cnn", "conv1d"]
@@ -151,9 +153,43 @@ def test_gpt2_small_parameter_count():
     model = build_model("gpt2-small", device="meta").model
     n_layer, d, vocab, ctx = 12, 768, 50257, 1024
     per_layer = 2 * (2 * d) + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
-    expected = vocab * d + ctx * d + n_layer * per_layer + 2 * d + vocab * d
-    assert sum(p.numel() for p in model.parameters()) == expected
+    expected = vocab * d + ctx * d + n_layer * per_layer + 2 * d  # the LM head is wte, counted once
+    assert sum(p.numel() for p in model.parameters()) == expected == 124_439_808
+    assert abs(expected - 124.4e6) / 124.4e6 < 0.01  # GPT-2 small's published 124M
     assert model.config.n_layer == n_layer and model.config.n_head == 12
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_gpt2_small_compiles_with_its_tied_head_on_meta() -> None:
+    spec = build_model("gpt2-small", device="meta", input_shape=(1, 16))
+    sm = sparsefx.compile(spec.model, 0.9, spec.args)
+    assert "wte.weight" in sm.plan and "lm_head.weight" not in sm.plan  # one parameter, one name
+    assert not sm.plan["wte.weight"].sparse  # an embedding: dense by default, so is the head it is
+    assert len(sm.plan.sparse) == 48
+    report = sparsefx.flops(sm)
+    assert report.dense_params == 124_439_808
+
+
+def test_a_tied_gpt_trains_sparse_and_keeps_the_tie() -> None:
+    from sparsefx.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, vocab_size=32, max_seq_len=8, tie_weights=True))
+    (idx,), _ = model.example_inputs(batch=2, seq_len=8)
+    sm = sparsefx.compile(model, {"algorithm": "set", "sparsity": 0.75, "update": {"freq": 2}}, (idx,))
+    opt = torch.optim.AdamW(sm.parameters(), lr=1e-2)
+    sm.sparsity.apply(opt)
+    before = model.wte.weight.detach().clone()
+    for _ in range(4):
+        opt.zero_grad()
+        logits = sm(idx)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten()).backward()
+        opt.step()
+    assert model.lm_head.weight is model.wte.weight
+    assert not torch.equal(model.wte.weight, before)  # the shared weight trains (dense)
+    for name, mask in sm.masks.items():
+        assert bool((sm.get_parameter(name)[~mask] == 0).all())
+        assert int(mask.sum()) == keep_count(mask.numel(), 0.75)
 
 
 def test_gpt2_conv1d_param_names():

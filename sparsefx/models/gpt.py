@@ -2,7 +2,8 @@
 
 Pre-LayerNorm blocks with a fused ``qkv`` projection, causal
 ``F.scaled_dot_product_attention`` and a GELU MLP; learned token (``wte``) and position (``wpe``)
-embeddings; a final ``ln_f`` and an untied, bias-free ``lm_head``. No Python control flow
+embeddings; a final ``ln_f`` and a bias-free ``lm_head``, tied to ``wte`` when ``tie_weights`` is set
+(``gpt2_small``, as GPT-2 does). No Python control flow
 depends on tensor values or shapes, so ``torch.fx.symbolic_trace`` captures it whole.
 
     >>> import torch
@@ -40,6 +41,7 @@ class GPTConfig:
     vocab_size: int
     max_seq_len: int
     dropout: float = 0.0
+    tie_weights: bool = False  # lm_head.weight is wte.weight (one parameter, two modules)
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "d_model", "vocab_size", "max_seq_len"):
@@ -113,11 +115,14 @@ class GPT(nn.Module):
     """Decoder-only language model: ``forward(idx[B, T]) -> logits[B, T, vocab_size]``.
 
     Parameters are named ``wte``, ``wpe``, ``blocks.{i}.attn.qkv``, ``blocks.{i}.attn.proj``,
-    ``blocks.{i}.mlp.fc``, ``blocks.{i}.mlp.proj``, ``ln_f`` and ``lm_head``. Sequences longer
+    ``blocks.{i}.mlp.fc``, ``blocks.{i}.mlp.proj``, ``ln_f`` and ``lm_head`` (with ``tie_weights``,
+    ``named_parameters`` lists the shared weight once, as ``wte.weight``). Sequences longer
     than ``max_seq_len`` fail inside ``wpe`` (there is no Python check, to stay traceable).
 
         >>> sum(p.numel() for p in GPT(GPTConfig(1, 1, 4, 8, 2)).parameters())
         324
+        >>> sum(p.numel() for p in GPT(GPTConfig(1, 1, 4, 8, 2, tie_weights=True)).parameters())
+        292
     """
 
     def __init__(self, config: GPTConfig) -> None:
@@ -130,6 +135,8 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
+        if config.tie_weights:
+            self.lm_head.weight = self.wte.weight
 
     def _init_weights(self) -> None:
         """GPT-2 style init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
@@ -174,5 +181,9 @@ def gpt_small_bench() -> GPT:
 
 
 def gpt2_small() -> GPT:
-    """GPT-2 small's shape: 12 layers, d_model 768, 12 heads, vocab 50257, context 1024 (lm_head untied)."""
-    return GPT(GPTConfig(n_layer=12, n_head=12, d_model=768, vocab_size=50257, max_seq_len=1024))
+    """GPT-2 small: 12 layers, d_model 768, 12 heads, vocab 50257, context 1024, and the LM head tied to
+    the token embedding as GPT-2 does (124,439,808 parameters)."""
+    config = GPTConfig(
+        n_layer=12, n_head=12, d_model=768, vocab_size=50257, max_seq_len=1024, tie_weights=True
+    )
+    return GPT(config)
