@@ -218,3 +218,21 @@ def test_validate_refuses_an_abstract_name() -> None:
     from sparsefx.cli import main
 
     assert main(["validate", "{algorithm: dynamicsparsityalgorithm, sparsity: 0.5}", "--model", "mlp"]) == 2
+
+
+def test_a_required_hyperparameter_missing_from_the_config_is_a_config_error() -> None:
+    class NeedsBeta(DynamicSparsityAlgorithm):
+        def __init__(self, beta: int, **kwargs: object) -> None:
+            super().__init__(**kwargs)
+            self.beta = beta
+
+        def update_mask(self, p: torch.Tensor, mask: torch.Tensor, sparsity: float) -> torch.Tensor:
+            return mask
+
+    try:
+        with pytest.raises(ConfigError, match=r"sparsity\.beta: missing required key: NeedsBeta.__init__"):
+            sparsefx.compile(_mlp(), {"algorithm": "needsbeta", "sparsity": 0.5})
+        sm = sparsefx.compile(_mlp(), {"algorithm": "needsbeta", "sparsity": 0.5, "beta": 2})
+        assert sm.sparsity.beta == 2
+    finally:
+        unregister_algorithm("needsbeta")

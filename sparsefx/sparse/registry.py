@@ -143,10 +143,24 @@ def construct(cls: type, group: Any) -> Any:
     for key in _PASSED_GROUP_KEYS:
         if key in accepted:
             kwargs[key] = _plain(getattr(group, key))
+    _check_required(cls, accepted, kwargs, group.path)
     obj = cls.__new__(cls)
     with constructing(obj, group, kwargs):
         obj.__init__(**kwargs)
     return obj
+
+
+def _check_required(cls: type, accepted: Mapping[str, Any], kwargs: Mapping[str, Any], path: str) -> None:
+    """A hyperparameter without a default that the config does not give is a ConfigError."""
+    from ..errors import ConfigError
+
+    for i, (name, param) in enumerate(accepted.items()):
+        keyword = param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+        if i and keyword and param.default is param.empty and name not in kwargs:
+            raise ConfigError(
+                f"{path}.{name}: missing required key: {cls.__name__}.__init__ needs {name!r}; "
+                "add it to the config"
+            )
 
 
 def resolve_group(obj: Any, group: Any, kwargs: Mapping[str, Any]) -> Any:
