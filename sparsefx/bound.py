@@ -58,6 +58,7 @@ class Binding:
         "bits_version",
         "grad_dtype",
         "capture",
+        "handle",
     )
 
     def __init__(self, buffers: dict[str, Tensor], key: str, fresh: bool) -> None:
@@ -73,6 +74,7 @@ class Binding:
         self.bits_version = -1
         self.grad_dtype: torch.dtype | None = None  # the dtype ``bits`` was made for
         self.capture: Callable[[Tensor], None] | None = None  # sees the dense gradient first (RigL)
+        self.handle: RemovableHandle | None = None  # its gradient hook, removed when rebound
 
     def mask(self) -> Tensor:
         """The weight's current mask."""
@@ -175,11 +177,15 @@ def bind_weight(
         _BOUND.pop(weight, None)
         return None
     binding = Binding(buffers, key, fresh)
+    previous = _BOUND.get(weight)
+    if previous is not None and previous.handle is not None:
+        previous.handle.remove()  # one selecting hook per weight: the newest binding's
     _BOUND[weight] = binding
     from .step_trust import install_step_hooks  # step_trust imports this module
 
     install_step_hooks()
-    return weight.register_hook(binding.select_grad)
+    binding.handle = weight.register_hook(binding.select_grad)
+    return binding.handle
 
 
 def binding_of(weight: Tensor) -> Binding | None:

@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from torch import fx, nn
 
+from .bound import binding_of
 from .capture import Captured, capture, capture_graph
 from .config import ParamDecision, SparsityPlan, load_config
 from .dispatch import CapturedModule, Variant, call_key, describe_call, shapes_of
@@ -24,7 +26,7 @@ from .passes.manager import PassManager
 from .passes.rewrite_sparse_ops import RewriteSparseOps
 from .passes.select_params import SelectSparseParams
 from .passes.shape_prop import INPUT_ERROR, PropagateShapes
-from .shell import private_tree, rehome
+from .shell import private_copy, private_tree, rehome
 from .sparse.build import build_algorithm
 from .sparse.select import resolve_plan
 
@@ -50,6 +52,7 @@ def compile(
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    model = _warn_if_shared(model)
     cfg = load_config(config) if config is not None else None
     plan = dense_plan(model) if cfg is None else resolve_plan(cfg, model)
     sparsity = build_algorithm(cfg) if cfg is not None else None
@@ -129,6 +132,54 @@ def _variant(
     prefix = f"{path}." if path else ""
     PassManager([SelectSparseParams(plan, prefix), InsertMasks(), RewriteSparseOps()], label=path)(gm)
     return Variant(gm, method, static)
+
+
+def _warn_if_shared(model: nn.Module) -> nn.Module:
+    """Compiling a SparseModel, or a model compiled before, shares Parameter objects: say so.
+
+    A SparseModel is compiled again from its module tree, without its masks and graphs.
+    """
+    if isinstance(model, SparseModel):
+        warnings.warn(
+            "sparsefx.compile: this model is already a compiled SparseModel; compiling it again starts "
+            "from its module tree without its masks and graphs. Both models share their Parameter and "
+            "buffer objects (the weights already pruned to the first config), and the newest compile "
+            "selects their gradients; compile copy.deepcopy(model) for an independent model",
+            UserWarning,
+            stacklevel=3,
+        )
+        return _source_tree(model)
+    bound = [name for name, p in model.named_parameters() if binding_of(p) is not None]
+    if bound:
+        warnings.warn(
+            f"sparsefx.compile: {type(model).__name__} was compiled (or given to a sparsity algorithm) "
+            f"before: {', '.join(bound[:3])}{' ...' if len(bound) > 3 else ''} are bound already. compile "
+            "shares the caller's Parameter objects and zeroes their pruned weights in place, so both "
+            "compiled models train the same tensors and the newest compile selects their gradients; "
+            "compile copy.deepcopy(model) for independent models",
+            UserWarning,
+            stacklevel=3,
+        )
+    return model
+
+
+def _source_tree(sm: SparseModel) -> nn.Module:
+    """The module tree ``sm`` runs, with its captured modules unwrapped and its mask buffers dropped."""
+    root = sm._root.tree if isinstance(sm._root, CapturedModule) else sm._root
+    masks = {f"{name}_mask" for name in sm.masks}
+
+    def strip(module: nn.Module, prefix: str) -> nn.Module:
+        module = module.tree if isinstance(module, CapturedModule) else module
+        clone = private_copy(module)
+        for name in list(clone._buffers):
+            if prefix + name in masks:
+                del clone._buffers[name]
+        clone._modules = {
+            k: None if c is None else strip(c, f"{prefix}{k}.") for k, c in module._modules.items()
+        }
+        return clone
+
+    return strip(root, "")
 
 
 def normalize_inputs(example_inputs: Any, example_kwargs: Mapping[str, Any] | None = None) -> Inputs:
