@@ -74,16 +74,15 @@ def flops(
     if isinstance(model, SparseModel):
         sm = model
     else:
-        sm = compile(
-            model, config, (args if args else kwargs) or None, example_kwargs=kwargs if args else None
-        )
+        inputs = (args if args else kwargs) or None
+        sm = compile(model, config, inputs, example_kwargs=kwargs if args else None, bind=False)
     if symbolic or (sm is model and (args or kwargs)):
         _recount(sm, args, kwargs, symbolic)
     dense_expr = sympy.Integer(0)
     sparse_expr = sympy.Integer(0)
     dense_fwd = sparse_fwd = 0
     sparse_train = Fraction(0)
-    intervals = rigl_intervals(sm.sparsity)
+    intervals = rigl_intervals(sm.sparsity, sm.plan)
     for _, row, env in sm.flop_rows():
         dense_expr += row.dense
         sparse_expr += row.sparse
@@ -116,11 +115,14 @@ def rigl_step_flops(f_s: int, f_d: int, interval: int) -> Fraction:
     return Fraction(3 * f_s * interval + 2 * f_s + f_d, interval + 1)
 
 
-def rigl_intervals(sparsity: Any) -> dict[str, int]:
-    """``{param name: update interval}`` of every parameter a RigL algorithm (or Group member) owns."""
+def rigl_intervals(sparsity: Any, plan: Any = None) -> dict[str, int]:
+    """``{param name: update interval}`` of every parameter a RigL algorithm (or Group member) owns.
+
+    An algorithm not bound to a model yet owns the sparse parameters ``plan`` gives its group.
+    """
     algorithms = getattr(sparsity, "algorithms", None) or ([sparsity] if sparsity is not None else [])
     out: dict[str, int] = {}
-    for alg in algorithms:
+    for index, alg in enumerate(algorithms):
         if not getattr(alg, "needs_dense_grad", False):
             continue
         schedule = alg.update_schedule
@@ -129,7 +131,9 @@ def rigl_intervals(sparsity: Any) -> dict[str, int]:
         else:
             steps = sorted(schedule.steps or ())
             interval = max(1, round((steps[-1] - steps[0]) / max(1, len(steps) - 1))) if len(steps) > 1 else 1
-        out.update({name: interval for name in alg.params})
+        planned = plan.sparse.values() if plan is not None else ()
+        names = list(alg.params) or [d.name for d in planned if d.group == index]
+        out.update({name: interval for name in names})
     return out
 
 

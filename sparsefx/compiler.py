@@ -43,16 +43,20 @@ def compile(
     example_kwargs: Mapping[str, Any] | None = None,
     capture_method: str = "auto",
     debug: bool = False,
+    bind: bool = True,
 ) -> SparseModel:
     """Compile ``model`` into a SparseModel whose forward equals ``model`` run with ``weight * mask``.
 
     ``config`` is anything ``load_config`` accepts (float, dict, list, YAML path or text,
     SparsityConfig). ``example_inputs`` (a tensor, a tuple of args, or a dict of kwargs) is needed
-    when fx tracing fails, and for FLOP counts.
+    when fx tracing fails, and for FLOP counts. The SparseModel trains ``model``'s own Parameter
+    objects and zeroes their pruned weights in place; ``bind=False`` builds the masks but binds no
+    algorithm and changes no weight (``sparsefx.flops`` compiles that way).
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    model = _warn_if_shared(model)
+    if bind:
+        model = _warn_if_shared(model)
     cfg = load_config(config) if config is not None else None
     plan = dense_plan(model) if cfg is None else resolve_plan(cfg, model)
     sparsity = build_algorithm(cfg) if cfg is not None else None
@@ -78,7 +82,7 @@ def compile(
         example_inputs=captured.inputs,
         sparsity=sparsity,
     )
-    if sparsity is not None:
+    if sparsity is not None and bind:
         sparsity.bind(sm, plan, graph_masked=True)  # owns the masks; zeroes the pruned weights
     return sm
 

@@ -58,3 +58,14 @@ def test_compiling_a_sparse_model_again_warns_and_uses_the_new_config() -> None:
 def test_a_fresh_model_compiles_without_a_warning(recwarn: pytest.WarningsRecorder) -> None:
     sparsefx.compile(net(), 0.5)
     assert not [w for w in recwarn if "sparsefx" in str(w.message)]
+
+
+def test_accounting_leaves_the_model_alone(recwarn: pytest.WarningsRecorder) -> None:
+    model = net()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for _ in range(2):
+        report = sparsefx.flops(model, torch.randn(2, 16), config=0.75)
+    assert report.sparse_params < report.dense_params
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]), f"flops changed {name}"
+    assert not [w for w in recwarn if "sparsefx" in str(w.message)]
