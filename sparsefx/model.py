@@ -84,7 +84,10 @@ class SparseModel(nn.Module):
             module.listeners.append(self._graph_added)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._root(*args, **kwargs)
+        root = self._root
+        if type(root) is CapturedModule:  # no hooks of its own: skip a second Module.__call__
+            return root.forward(*args, **kwargs)
+        return root(*args, **kwargs)
 
     def train(self, mode: bool = True) -> SparseModel:
         self._root.training = mode
