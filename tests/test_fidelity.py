@@ -300,3 +300,35 @@ def test_fx_model_called_with_a_default_it_baked_in() -> None:
         ((torch.randn(2, 4),), {"mask": None}),
     ]:
         assert_outputs_close(sm(*args, **kwargs), reference_forward(reference, sm.masks, args, kwargs))
+
+
+class TwoReads(nn.Module):
+    """With ``twice=True`` the weight is also read outside a named masked op (through ``.t()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor, twice: bool = False) -> torch.Tensor:
+        h = self.fc(x)
+        if twice:
+            h = h + x @ self.fc.weight.t()
+        return h
+
+
+def test_a_graph_that_reads_a_weight_another_way_stops_in_place_gradient_selects() -> None:
+    from sparsefx.bound import binding_of
+
+    model = TwoReads()
+    reference = copy.deepcopy(model)
+    sm = sparsefx.compile(model, 0.5)
+    weight = sm.get_parameter("fc.weight")
+    assert sm.weights_with_fresh_grads() == {"fc.weight"} and binding_of(weight).fresh
+    x = torch.randn(3, 6, requires_grad=False)
+    sm(x, twice=True).pow(2).sum().backward()
+    assert sm.weights_with_fresh_grads() == frozenset() and not binding_of(weight).fresh
+    params = {n: p.detach().clone().requires_grad_() for n, p in reference.named_parameters()}
+    mask = sm.masks["fc.weight"]
+    masked = {**params, "fc.weight": params["fc.weight"] * mask}
+    torch.func.functional_call(reference, masked, (x,), {"twice": True}).pow(2).sum().backward()
+    torch.testing.assert_close(weight.grad, torch.where(mask, params["fc.weight"].grad, 0.0))
