@@ -771,7 +771,9 @@ def test_closest_names_rank_by_the_pattern_tokens(config: dict) -> None:
 def test_closest_names_mention_a_tied_alias() -> None:
     from sparsefx.sparse.select import resolve_plan, tied_aliases
 
-    model = torch.nn.ModuleDict({"wte": torch.nn.Embedding(10, 4), "lm_head": torch.nn.Linear(4, 10, bias=False)})
+    model = torch.nn.ModuleDict(
+        {"wte": torch.nn.Embedding(10, 4), "lm_head": torch.nn.Linear(4, 10, bias=False)}
+    )
     model["lm_head"].weight = model["wte"].weight
     assert tied_aliases(model) == {"lm_head.weight": "wte.weight"}
     with _raises("pattern 'lm_head' matches no parameter; closest parameter names: 'wte.weight' (tied with"):
