@@ -14,7 +14,7 @@ from sparsefx.errors import ConfigError
 from sparsefx.models import build_model
 from sparsefx.sparse import DynamicSparsityAlgorithm, SparsityAlgorithm
 from sparsefx.sparse.init import keep_count
-from sparsefx.sparse.registry import algorithm_names, unregister_algorithm
+from sparsefx.sparse.registry import algorithm_names, register_algorithm, unregister_algorithm
 
 NAMES = ("kwonly", "alphaalgo", "positional", "withdefault", "staticlike", "halfdone")
 
@@ -79,8 +79,15 @@ class HalfDone(DynamicSparsityAlgorithm):
     """Leaves ``update_mask`` abstract: not offered as an algorithm name."""
 
 
+CLASSES = (KwOnly, AlphaAlgo, Positional, WithDefault, StaticLike, HalfDone)
+for _cls in CLASSES:  # defining them registered them: only this module's tests may see the names
+    unregister_algorithm(_cls.__name__)
+
+
 @pytest.fixture(autouse=True, scope="module")
-def _forget() -> Iterator[None]:
+def _registered() -> Iterator[None]:
+    for cls in CLASSES:
+        register_algorithm(cls)
     yield
     for name in NAMES:
         unregister_algorithm(name)

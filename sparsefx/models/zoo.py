@@ -140,8 +140,9 @@ class DataclassOutputNet(nn.Module):
 
     Quirks: ``forward(x, *, labels=None, return_hidden=False)`` returns :class:`ZooOutput`;
     the loss is computed only ``if labels is not None`` and the hidden states only
-    ``if return_hidden``. fx makes every argument a Proxy, and ``bool(Proxy)`` fails;
-    ``torch.export`` specializes on the given kwargs (register ``ZooOutput`` as a pytree first).
+    ``if return_hidden``. fx would make ``return_hidden`` a Proxy, and ``bool(Proxy)`` fails;
+    sparsefx traces non-tensor arguments as constants and keys its graphs by them, so fx
+    captures it (``torch.export`` would too, once ``ZooOutput`` is registered as a pytree).
 
         >>> out = DataclassOutputNet()(torch.randn(2, 16), labels=torch.tensor([0, 1]))
         >>> out.logits.shape, out.loss.shape, out.hidden
