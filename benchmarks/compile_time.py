@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 0 when both targets pass, 1 otherwise."""
     args = parse_args(argv)
     env = environment()
+    # One model is compiled every round on purpose; compile's "compiled before" warning is expected here.
+    warnings.filterwarnings("ignore", message="sparsefx.compile: .* was compiled", category=UserWarning)
     console.print(
         f"[bold]compile_time[/]: {args.model}, sparsity {args.sparsity}, input {args.batch}x{args.seq_len}, "
         f"{args.rounds} rounds | torch {env['torch']}, {env['threads']} threads, "
