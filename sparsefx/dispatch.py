@@ -126,8 +126,8 @@ class CapturedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         key = call_key(self.training, args, kwargs)
         variant = self._variants.get(key)
-        if variant is None:
-            variant = self._lookup_shaped(key, args, kwargs)
+        if variant is None or key in self._shaped:  # a graph for exactly these shapes comes first
+            variant = self._lookup_shaped(key, args, kwargs) or variant
         if variant is None:
             variant = self._capture(key, args, kwargs, reason="a new kind of call")
         if variant.method != "export" or variant.static_shapes:

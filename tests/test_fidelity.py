@@ -332,3 +332,29 @@ def test_a_graph_that_reads_a_weight_another_way_stops_in_place_gradient_selects
     masked = {**params, "fc.weight": params["fc.weight"] * mask}
     torch.func.functional_call(reference, masked, (x,), {"twice": True}).pow(2).sum().backward()
     torch.testing.assert_close(weight.grad, torch.where(mask, params["fc.weight"].grad, 0.0))
+
+
+class BatchBranch(nn.Module):
+    """Export specializes the batch size (a Python branch on it); item assignment defeats fx."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h[:, 0] = 0.0
+        return h * 2 if x.shape[0] == 4 else h
+
+
+def test_a_shape_export_specialized_is_captured_again_once(caplog: pytest.LogCaptureFixture) -> None:
+    model = BatchBranch()
+    reference = copy.deepcopy(model)
+    sm = sparsefx.compile(model, 0.5, (torch.randn(4, 8),))
+    assert sm.capture_method == "export"
+    with caplog.at_level(logging.INFO, logger="sparsefx"):
+        for batch in (5, 5, 4, 5, 3):
+            x = torch.randn(batch, 8)
+            assert_outputs_close(sm(x), reference_forward(reference, sm.masks, (x,), {}))
+    again = [r.getMessage() for r in caplog.records if "again" in r.getMessage()]
+    assert len(again) == 2 and all("shapes its graph cannot take" in m for m in again), again
