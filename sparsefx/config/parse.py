@@ -29,6 +29,7 @@ from ..sparse.registry import (
     DYNAMIC_ALGORITHMS,
     GROUP_KEYS,
     algorithm_names,
+    config_rule,
     hyperparameters,
     lookup,
 )
@@ -49,12 +50,9 @@ from .schema import DEFAULT_SEED, DISTRIBUTIONS, INIT_METHODS, GroupConfig, Spar
 
 __all__ = ["load_config", "with_defaults"]
 
+# the drop fraction of an algorithm whose class declares no ``default_drop_fraction`` (user
+# algorithms may call drop_and_grow too); the built-ins declare their own config rules
 DEFAULT_DROP_FRACTION = 0.3
-DEFAULT_UPDATES = {
-    "gmp": UpdateSchedule(freq=1),
-    "set": UpdateSchedule(freq=100),
-    "rigl": UpdateSchedule(freq=100),
-}
 OVERRIDE_KEYS = ("sparsity", "init_method", "seed")
 PARAMS_FILE_SECTIONS = ("model", "optimizer", "train_input", "eval_input", "runconfig")
 
@@ -338,19 +336,20 @@ def _parse_positive(value: Any, path: str) -> int:
 
 def _parse_group_update(data: Mapping[str, Any], algorithm: str, path: str) -> UpdateSchedule | None:
     if "update" not in data:
-        return DEFAULT_UPDATES.get(algorithm)
-    if algorithm == "static":
+        return config_rule(algorithm, "default_update", None)
+    if not config_rule(algorithm, "updates_mask", True):
         raise ConfigError(
-            f"{path}.update: static sparsity never updates its mask; remove 'update' or use a dynamic "
+            f"{path}.update: {algorithm} sparsity never updates its mask; remove 'update' or use a dynamic "
             f"algorithm ({', '.join(name for name in algorithm_names() if name in DYNAMIC_ALGORITHMS)})"
         )
     return parse_update(data["update"], f"{path}.update")
 
 
 def _parse_drop_fraction(data: Mapping[str, Any], algorithm: str, path: str) -> Schedule | None:
-    if "drop_fraction" not in data:  # user algorithms may call drop_and_grow too
-        return None if algorithm in ("static", "gmp") else Constant(DEFAULT_DROP_FRACTION)
-    if algorithm in ("static", "gmp"):
+    default = config_rule(algorithm, "default_drop_fraction", DEFAULT_DROP_FRACTION)
+    if "drop_fraction" not in data:
+        return None if default is None else Constant(default)
+    if default is None:
         raise ConfigError(
             f"{path}.drop_fraction: only set and rigl drop and regrow; {algorithm} has no drop_fraction"
         )
@@ -473,17 +472,7 @@ def _check_levels(schedule: Schedule, path: str, *, upper: float, closed: bool) 
 
 
 def _check_sparsity(schedule: Schedule, algorithm: str, path: str) -> Schedule:
+    """Levels in [0, 1), then the algorithm class's own rule (``check_config_sparsity``), if it has one."""
     _check_levels(schedule, path, upper=1.0, closed=False)
-    if algorithm == "static" and not schedule.is_constant:
-        raise ConfigError(
-            f"{path}: static sparsity needs a constant level, got a {schedule.kind} schedule; "
-            "use algorithm: gmp for a level that changes over training"
-        )
-    if algorithm == "static" and isinstance(schedule, Cycling):
-        return Constant(schedule.values[0])
-    if algorithm == "gmp" and schedule.is_constant:
-        raise ConfigError(
-            f"{path}: gmp needs a schedule that changes over training, got constant {schedule(0)!r}; "
-            "use static for a fixed level"
-        )
-    return schedule
+    check = config_rule(algorithm, "check_config_sparsity", None)
+    return schedule if check is None else check(schedule, path)

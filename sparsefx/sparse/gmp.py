@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import DynamicSparsityAlgorithm
 from .init import make_mask
+from .schedules import Schedule, UpdateSchedule
 
 __all__ = ["GMP"]
 
@@ -19,6 +21,20 @@ class GMP(DynamicSparsityAlgorithm):
     """Prune by magnitude on a schedule (Zhu and Gupta's cubic is ``type: polynomial``)."""
 
     name = "gmp"
+
+    # config rules (read by ``sparsefx.config.parse`` through ``registry.config_rule``)
+    default_update = UpdateSchedule(freq=1)
+    default_drop_fraction = None  # no ``drop_fraction`` key
+
+    @classmethod
+    def check_config_sparsity(cls, schedule: Schedule, path: str) -> Schedule:
+        """A level that changes over training: a constant one is ``static``'s."""
+        if schedule.is_constant:
+            raise ConfigError(
+                f"{path}: gmp needs a schedule that changes over training, got constant {schedule(0)!r}; "
+                "use static for a fixed level"
+            )
+        return schedule
 
     def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:
         return make_mask(

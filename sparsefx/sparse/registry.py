@@ -15,12 +15,21 @@ constructors it forwards ``**kwargs`` to, up to the sparsefx base class)::
     ...     def __init__(self, sparsity, my_alpha=0.1, **kwargs): ...
     >>> hyperparameters(Alpha)
     ('my_alpha',)
+
+Algorithm-specific config rules live on the algorithm classes, as class attributes the parser reads
+through ``config_rule`` (the built-in classes are imported on first need, so ``sparsefx.config``
+never imports ``sparsefx.sparse.base``). A rule applies to the class that declares it, not to its
+subclasses, which get the generic rule::
+
+    >>> config_rule("rigl", "default_drop_fraction", None), config_rule("gmp", "default_drop_fraction", 0.3)
+    (0.3, None)
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -37,6 +46,7 @@ __all__ = [
     "construct",
     "constructing",
     "resolve_group",
+    "config_rule",
 ]
 
 BUILTIN_ALGORITHMS: tuple[str, ...] = ("static", "gmp", "set", "rigl")
@@ -70,6 +80,9 @@ _PASSED_GROUP_KEYS = (
     "distribution",
 )
 
+# where each built-in class is defined (imported on first ``config_rule``)
+_BUILTIN_HOMES: dict[str, str] = {name: f"{__package__}.{name}" for name in BUILTIN_ALGORITHMS}
+
 _registry: dict[str, type | None] = {name: None for name in BUILTIN_ALGORITHMS}
 # (algorithm being constructed from a parsed group, that group, the keyword arguments passed to it)
 _pending: contextvars.ContextVar[tuple[Any, Any, dict[str, Any]] | None] = contextvars.ContextVar(
@@ -97,6 +110,22 @@ def algorithm_names() -> tuple[str, ...]:
 def lookup(name: str) -> type | None:
     """The class registered under ``name``, or None while a built-in has no class yet."""
     return _registry[name.lower()]
+
+
+def config_rule(name: str, rule: str, default: Any) -> Any:
+    """The config rule ``rule`` as the class registered under ``name`` declares it, else ``default``.
+
+    Rules are read from the class's own attributes (``vars(cls)``), not inherited: a user subclass
+    of a built-in algorithm gets the generic rules, as a user algorithm does. A classmethod rule comes
+    back bound.
+    """
+    key = name.lower()
+    if _registry.get(key) is None and key in _BUILTIN_HOMES:
+        importlib.import_module(_BUILTIN_HOMES[key])
+    cls = _registry.get(key)
+    if cls is None or rule not in vars(cls):
+        return default
+    return getattr(cls, rule)
 
 
 def hyperparameters(cls: type) -> tuple[str, ...]:

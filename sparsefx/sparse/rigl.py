@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from .base import DynamicSparsityAlgorithm
+from .schedules import UpdateSchedule
 
 __all__ = ["RigL"]
 
@@ -25,6 +26,9 @@ class RigL(DynamicSparsityAlgorithm):
     """Rigging the Lottery (Evci et al., 2020)."""
 
     name = "rigl"
+    # config rules (read by ``sparsefx.config.parse`` through ``registry.config_rule``)
+    default_update = UpdateSchedule(freq=100)
+    default_drop_fraction = 0.3
     needs_dense_grad = True
 
     def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .base import DynamicSparsityAlgorithm
+from .schedules import UpdateSchedule
 
 __all__ = ["SET"]
 
@@ -21,6 +22,9 @@ class SET(DynamicSparsityAlgorithm):
     """Sparse Evolutionary Training; random regrowth comes from the algorithm's seeded generator."""
 
     name = "set"
+    # config rules (read by ``sparsefx.config.parse`` through ``registry.config_rule``)
+    default_update = UpdateSchedule(freq=100)
+    default_drop_fraction = 0.3
 
     def update_mask(self, p: Tensor, mask: Tensor, sparsity: float) -> Tensor:
         score = torch.rand(p.shape, generator=self.generator).to(p.device)
