@@ -22,6 +22,7 @@ import torch
 from torch import fx
 
 from sparsefx.errors import PassError, VerifyError
+from sparsefx.masks import mask_problem, param_of
 
 __all__ = ["Pass", "PassResult", "PassManager", "NodeFailure", "fail", "attr_at"]
 
@@ -125,22 +126,19 @@ def verify_graph(gm: fx.GraphModule) -> None:
             value = attr_at(gm, node.target)
         except AttributeError as exc:
             raise VerifyError(f"node {node.format_node()}: no attribute {node.target!r}") from exc
-        if str(node.target).endswith("_mask") and isinstance(value, torch.Tensor):
-            _check_mask(gm, node, value)
+        weight_name = param_of(str(node.target))
+        if weight_name is not None and isinstance(value, torch.Tensor):
+            _check_mask(gm, node, value, weight_name)
 
 
-def _check_mask(gm: fx.GraphModule, node: fx.Node, mask: torch.Tensor) -> None:
-    weight_name = str(node.target)[: -len("_mask")]
+def _check_mask(gm: fx.GraphModule, node: fx.Node, mask: torch.Tensor, weight_name: str) -> None:
     try:
         weight = attr_at(gm, weight_name)
     except AttributeError:
         return
-    if mask.dtype != torch.bool:
-        raise VerifyError(f"node {node.format_node()}: mask dtype is {mask.dtype}; expected torch.bool")
-    if tuple(mask.shape) != tuple(weight.shape):
-        raise VerifyError(
-            f"node {node.format_node()}: mask shape {tuple(mask.shape)} != weight shape {tuple(weight.shape)}"
-        )
+    problem = mask_problem(mask, weight)
+    if problem is not None:
+        raise VerifyError(f"node {node.format_node()}: {problem}")
 
 
 def attr_at(gm: torch.nn.Module, target: str) -> Any:

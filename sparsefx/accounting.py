@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .compiler import compile, normalize_inputs
+from .masks import mask_name
 from .model import SparseModel
 from .passes.count_flops import CountFlops, mask_nnz
 from .passes.shape_prop import PropagateShapes
@@ -142,7 +143,7 @@ def _params(sm: SparseModel) -> tuple[int, int]:
     dense = sum(p.numel() for p in sm.parameters())
     pruned = 0
     for name, decision in sm.plan.sparse.items():
-        mask = sm.get_buffer(f"{name}_mask")
+        mask = sm.get_buffer(mask_name(name))
         pruned += mask.numel() - mask_nnz(mask, decision)
     return dense, dense - pruned
 

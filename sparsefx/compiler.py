@@ -19,6 +19,7 @@ from .capture import Captured, capture, capture_graph
 from .config import ParamDecision, SparsityPlan, load_config
 from .dispatch import CapturedModule, Variant, call_key, describe_call, shapes_of
 from .errors import CaptureError
+from .masks import mask_name
 from .model import SparseModel
 from .passes.count_flops import CountFlops
 from .passes.insert_masks import InsertMasks
@@ -170,7 +171,7 @@ def _warn_if_shared(model: nn.Module) -> nn.Module:
 def _source_tree(sm: SparseModel) -> nn.Module:
     """The module tree ``sm`` runs, with its captured modules unwrapped and its mask buffers dropped."""
     root = sm._root.tree if isinstance(sm._root, CapturedModule) else sm._root
-    masks = {f"{name}_mask" for name in sm.masks}
+    masks = {mask_name(name) for name in sm.masks}
 
     def strip(module: nn.Module, prefix: str) -> nn.Module:
         module = module.tree if isinstance(module, CapturedModule) else module

@@ -24,6 +24,7 @@ from torch import fx, nn
 from .bound import binding_of
 from .config import SparsityConfig, SparsityPlan
 from .dispatch import CapturedModule, Variant, captured_modules
+from .masks import mask_name
 from .ops import WEIGHT_ARG
 from .passes.count_flops import NodeFlops, mask_nnz
 from .shell import move_extras
@@ -138,7 +139,7 @@ class SparseModel(nn.Module):
     @property
     def masks(self) -> dict[str, torch.Tensor]:
         """``{param fqn: bool mask}`` for every sparse parameter (True keeps)."""
-        return {name: self.get_buffer(f"{name}_mask") for name in self.plan.sparse}
+        return {name: self.get_buffer(mask_name(name)) for name in self.plan.sparse}
 
     def flop_rows(self) -> list[tuple[str, NodeFlops, dict]]:
         """``(graph path, NodeFlops, {symbol: example value})`` per counted node of every graph.
@@ -170,7 +171,7 @@ class SparseModel(nn.Module):
             flops[row.param] = (dense + _value(row.dense, env), sparse + _value(row.sparse, env))
         reports = []
         for name, decision in self.plan.sparse.items():
-            mask = self.get_buffer(f"{name}_mask")
+            mask = self.get_buffer(mask_name(name))
             if self.sparsity is not None and name in self.sparsity.params:
                 sp = self.sparsity.params[name]
                 decision = dataclasses.replace(

@@ -26,9 +26,9 @@ Only ``torch.save`` zip files are read: files in the pre-1.6 legacy format are r
 
 from __future__ import annotations
 
+from ..masks import follows_mask, mask_names, masked_params
 from .files import atomic_save, read_file
 from .finalize import FinalizeStats, finalize
-from .masks import follows_mask, mask_names, masked_params
 from .sentinel import export_nan_sentinel, import_nan_sentinel, load_nan_sentinel, save_nan_sentinel
 from .state import FORMAT, VERSION, load_checkpoint, save_checkpoint
 

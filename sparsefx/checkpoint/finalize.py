@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckpointError
+from ..masks import is_mask_of, mask_name, param_of
 from .files import PathLike, atomic_save, read_file
-from .masks import is_mask_of
 from .state import FORMAT, check_state_dict, describe, validate
 
 __all__ = ["FinalizeStats", "finalize"]
@@ -69,7 +69,7 @@ def _dense_state(state: dict[str, Tensor], counts: list[int]) -> dict[str, Tenso
     masks = {
         key: value
         for key, value in state.items()
-        if key.endswith("_mask") and key[: -len("_mask")] in state and is_mask_of(value, state[key[:-5]])
+        if (param := param_of(key)) is not None and param in state and is_mask_of(value, state[param])
     }
     counts[2] += len(masks)
     dense = {}
@@ -77,7 +77,7 @@ def _dense_state(state: dict[str, Tensor], counts: list[int]) -> dict[str, Tenso
         if key in masks:
             continue
         cleaned = _zero_nan(value, counts, count_tensor=False)
-        mask = masks.get(f"{key}_mask")
+        mask = masks.get(mask_name(key))
         if mask is not None and bool(((cleaned != 0) & ~mask).any()):
             cleaned = cleaned.masked_fill(~mask, 0.0)
         counts[0] += cleaned is not value

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import CheckpointError
+from ..masks import follows_mask, masked_params
 from ..ops import prune_
 from .files import PathLike, atomic_save, read_file
-from .masks import follows_mask, masked_params
 from .state import (
     SPARSE_HINT,
     check_fits,

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import CheckpointError, ConfigError
+from ..masks import follows_mask, masked_params, param_of
 from ..ops import prune_
 from .files import PathLike, atomic_save, read_file, why
-from .masks import follows_mask, masked_params
 
 __all__ = [
     "FORMAT",
@@ -185,7 +185,7 @@ def check_fits(
 
 
 def _all_masks(keys: list[str]) -> bool:
-    return all(key.endswith("_mask") for key in keys)
+    return all(param_of(key) is not None for key in keys)
 
 
 def names(items: list[str], limit: int = 5) -> str:

@@ -35,11 +35,11 @@ from torch import Tensor, nn
 from ..bound import bind_weight, binding_of
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan
 from ..errors import ConfigError
+from ..masks import follows_mask, has_mask, is_mask_of, mask_name, owner_and_attr
 from ..ops import prune_, select
 from ..step_trust import note_state_masked, settle_step, state_tensors, trusted_states
-from .distributions import global_magnitude_masks
 from .drop_grow import drop_and_grow
-from .init import make_mask
+from .make_masks import make_masks
 from .registry import register_algorithm, resolve_group
 from .relevel import relevel
 from .schedules import Schedule, UpdateSchedule
@@ -64,7 +64,7 @@ class SparseParam:
         return self.owner._parameters[self.attr]
 
     def __post_init__(self) -> None:
-        self._mask_key = f"{self.attr}_mask"
+        self._mask_key = mask_name(self.attr)
 
     @property
     def mask(self) -> Tensor:
@@ -144,9 +144,10 @@ class SparsityAlgorithm(ABC):
         self._graph_masked = graph_masked
         fresh = getattr(model, "weights_with_fresh_grads", None)
         self._fresh_grads = fresh() if graph_masked and fresh is not None else frozenset()
-        premade = self._global_masks(model, plan)
+        todo = {d.name: self.initial_decision(d) for d in plan.sparse.values() if not has_mask(model, d.name)}
+        made = make_masks(model, todo)
         for decision in plan.sparse.values():
-            self._bind_param(model, decision, premade.get(decision.name))
+            self._bind_param(model, decision, made.get(decision.name))
         self._arm_dense_grads()
         self.prune_weights()
         self._relevel_hooks.append(model.register_load_state_dict_post_hook(self._relevel_loaded))
@@ -154,20 +155,6 @@ class SparsityAlgorithm(ABC):
     def _relevel_loaded(self, model: nn.Module, incompatible: Any) -> None:
         """After ``load_state_dict``: masks saved at another level are brought to the config's."""
         relevel(self, model)
-
-    def _global_masks(self, model: nn.Module, plan: SparsityPlan) -> dict[str, Tensor]:
-        """One magnitude top-k per pool for ``distribution: global`` parameters that have no mask yet."""
-        pools: dict[str, dict[str, Tensor]] = {}
-        levels: dict[str, float] = {}
-        for d in plan.sparse.values():
-            if d.distribution != "global" or _has_mask(model, d.name):
-                continue
-            pools.setdefault(d.pool or "", {})[d.name] = model.get_parameter(d.name).detach()
-            levels[d.pool or ""] = self.initial_decision(d).sparsity
-        masks: dict[str, Tensor] = {}
-        for pool, weights in pools.items():
-            masks.update(global_magnitude_masks(weights, levels[pool]))
-        return masks
 
     def initial_plan(self, plan: SparsityPlan) -> SparsityPlan:
         """``plan`` with every sparse decision at its step-0 level (see ``initial_decision``)."""
@@ -181,29 +168,16 @@ class SparsityAlgorithm(ABC):
         return decision
 
     def _bind_param(self, model: nn.Module, decision: ParamDecision, mask: Tensor | None = None) -> None:
-        owner_path, _, attr = decision.name.rpartition(".")
+        """Own ``decision``'s parameter; ``mask`` (made by ``bind``) is registered when it has none yet."""
+        owner_path, attr = owner_and_attr(decision.name)
         owner = model.get_submodule(owner_path)
-        if f"{attr}_mask" not in owner._buffers:
-            start = self.initial_decision(decision)
-            with torch.no_grad():
-                mask = (
-                    mask
-                    if mask is not None
-                    else make_mask(
-                        owner._parameters[attr],
-                        start.sparsity,
-                        decision.init_method or "random",
-                        seed=decision.seed,
-                        balance_out_groups=decision.balance_out_groups,
-                        balance_in_groups=decision.balance_in_groups,
-                    )
-                )
-            owner.register_buffer(f"{attr}_mask", mask, persistent=True)
+        if mask is not None and mask_name(attr) not in owner._buffers:
+            owner.register_buffer(mask_name(attr), mask, persistent=True)
         sp = SparseParam(decision.name, owner, attr, decision)
         self.params[decision.name] = sp
         if self._graph_masked:  # the graph's masked ops use the weight itself (see sparsefx.bound)
             fresh = sp.name in self._fresh_grads
-            self._grad_hooks.append(bind_weight(sp.param, sp.owner._buffers, f"{sp.attr}_mask", fresh=fresh))
+            self._grad_hooks.append(bind_weight(sp.param, sp.owner._buffers, sp._mask_key, fresh=fresh))
         else:
             self._grad_hooks.append(sp.param.register_hook(lambda g, sp=sp: self._plain_grad_hook(g, sp)))
 
@@ -260,7 +234,7 @@ class SparsityAlgorithm(ABC):
             if id(param) in trusted or not state.get(param):
                 continue
             tensors = state_tensors(optimizer, param)
-            masked = [value for value in tensors if _maskable(value, param)]
+            masked = [value for key, value in state[param].items() if follows_mask(key, value, param)]
             for value in masked:
                 prune_(value, sp.mask)
             if len(masked) == len(tensors):  # a requires_dense tensor left as is may move pruned weights
@@ -406,15 +380,15 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
             with torch.no_grad():
                 sp.param.data.masked_fill_(grown, 0.0)
                 for optimizer in self._optimizers:
-                    for value in optimizer.state.get(sp.param, {}).values():
-                        if _maskable(value, sp.param):
+                    for key, value in optimizer.state.get(sp.param, {}).items():
+                        if follows_mask(key, value, sp.param):
                             value.masked_fill_(grown, 0.0)
         self.prune_weights()
         self._dense_grads.clear()
         self._report()
 
     def _check_mask(self, name: str, new: Any, sp: SparseParam) -> None:
-        if not isinstance(new, Tensor) or new.shape != sp.mask.shape or new.dtype != torch.bool:
+        if not is_mask_of(new, sp.mask):
             got = f"{type(new).__name__} {getattr(new, 'shape', '')} {getattr(new, 'dtype', '')}"
             raise ConfigError(
                 f"{type(self).__name__}.update_mask for {name!r} returned {got}; expected a bool mask"
@@ -480,21 +454,7 @@ class DynamicSparsityAlgorithm(SparsityAlgorithm):
         self._arm_dense_grads()
 
 
-def _has_mask(model: nn.Module, name: str) -> bool:
-    owner_path, _, attr = name.rpartition(".")
-    return f"{attr}_mask" in model.get_submodule(owner_path)._buffers
-
-
 def _select_grad(grad: Tensor, sp: SparseParam) -> Tensor:
     if grad.requires_grad:  # create_graph=True: stay differentiable
         return torch.where(sp.mask, grad, 0.0)
     return select(grad, sp.mask)
-
-
-def _maskable(value: Any, param: Tensor) -> bool:
-    return (
-        isinstance(value, Tensor)
-        and value.shape == param.shape
-        and value.is_floating_point()
-        and not getattr(value, "requires_dense", False)
-    )

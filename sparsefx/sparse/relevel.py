@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .counts import keep_count
+from .retarget import retarget_
 
 __all__ = ["relevel", "static_targets"]
 
@@ -54,8 +55,6 @@ def relevel(
     algorithm: Any, model: nn.Module, *, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, tuple[int, int]]:
     """Re-level what ``static_targets`` lists, with one warning; returns ``{param: (nnz before, after)}``."""
-    from .retarget import retarget_  # retarget reads masks the way checkpoints do
-
     targets = static_targets(algorithm)
     changes: dict[str, tuple[int, int]] = {}
     for name, (level, seed) in targets.items():

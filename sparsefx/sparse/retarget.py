@@ -21,9 +21,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import follows_mask, masked_params
 from ..config import param_seed
 from ..errors import ConfigError
+from ..masks import follows_mask, is_mask_of, masked_params
 from ..ops import prune_
 from .counts import keep_count
 
@@ -33,7 +33,7 @@ __all__ = ["retarget_mask", "retarget_"]
 def retarget_mask(weight: Tensor, mask: Tensor, sparsity: float, *, seed: int) -> Tensor:
     """A new bool mask with ``keep_count(numel, sparsity)`` entries, derived from ``mask`` (unchanged)."""
     _check_level(sparsity, "sparsity")
-    if mask.dtype != torch.bool or mask.shape != weight.shape:
+    if not is_mask_of(mask, weight):
         raise ConfigError(
             f"mask must be a bool tensor shaped like the weight {tuple(weight.shape)}; "
             f"got {mask.dtype} {tuple(mask.shape)}"
