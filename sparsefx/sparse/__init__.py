@@ -6,8 +6,10 @@
     >>> type(sparsity).__name__, sparsity.update_schedule.freq
     ('RigL', 100)
 
-Names load on first use: ``sparsefx.config`` imports schedules from this package, and the
-algorithms import ``sparsefx.config``.
+Names load on first use. ``sparsefx.config`` imports ``schedules``, ``registry`` and
+``distributions`` from this package, which runs this file first; the algorithms import
+``sparsefx.config``, so eager imports here would close a loop. No module of ``sparsefx.config``
+imports ``base`` (it reads algorithm rules through ``registry.config_rule``).
 """
 
 from __future__ import annotations
