@@ -5,6 +5,7 @@ stay dense, and so do layers that are not sparsified. Embedding lookups and elem
 not counted: the figures follow the matmul-only convention of published FLOP counts.
 ``gm.meta["sparsefx.flops"]`` holds a ``NodeFlops`` per counted node::
 
+    >>> from sparsefx.passes.shape_prop import PropagateShapes
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 3))
     >>> shaped = PropagateShapes(((torch.randn(8, 4),), {}), symbolic=True)(gm).graph_module
     >>> gm = CountFlops()(shaped).graph_module
@@ -14,48 +15,23 @@ not counted: the figures follow the matmul-only convention of published FLOP cou
 
 from __future__ import annotations
 
-import math
-import operator
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
-from sparsefx import ops
+from sparsefx import op_table, ops
+from sparsefx.masks import param_of
 from sparsefx.sparse.counts import keep_count
 
 from .manager import PassResult, attr_at
-from .shape_prop import PropagateShapes, sym_expr  # noqa: F401  (doctest)
+from .shape_prop import sym_expr
 
 __all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz", "weight_read", "op_name"]
 
 FLOPS = "sparsefx.flops"
-aten = torch.ops.aten
-
-_MATMULS = {
-    torch.matmul,
-    operator.matmul,
-    torch.mm,
-    torch.bmm,
-    aten.mm.default,
-    aten.bmm.default,
-    aten.matmul.default,
-}
-_ADDMMS = {torch.addmm, torch.baddbmm, aten.addmm.default, aten.baddbmm.default}
-_LINEARS = {F.linear, aten.linear.default}
-_CONVS = {
-    F.conv1d,
-    F.conv2d,
-    F.conv3d,
-    aten.conv1d.default,
-    aten.conv2d.default,
-    aten.conv3d.default,
-    aten.convolution.default,
-}
-_SDPA = {F.scaled_dot_product_attention, aten.scaled_dot_product_attention.default}
 _VIEWS = {"t", "transpose", "permute", "view", "reshape", "contiguous"}
 
 
@@ -97,7 +73,7 @@ def _count(gm: fx.GraphModule, node: fx.Node, density: dict) -> NodeFlops | None
     out = node.meta.get("val")
     if not isinstance(out, torch.Tensor):
         return None
-    if node.op == "call_function" and node.target in ops.WEIGHT_ARG:
+    if node.op == "call_function" and node.target in op_table.MASKED:
         return _masked(gm, node, out)
     dense = _dense(gm, node, out)
     if dense is None:
@@ -122,22 +98,15 @@ def weight_read(gm: fx.GraphModule, node: fx.Node) -> str | None:
 
 
 def _masked(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> NodeFlops:
-    w_node = node.args[ops.WEIGHT_ARG[node.target]]
-    weight = attr_at(gm, w_node.target)
-    mask = attr_at(gm, node.args[ops.WEIGHT_ARG[node.target] + 1].target)
-    numel, nnz = weight.numel(), mask_nnz(mask, _decision(gm, str(w_node.target)))
-    if node.target is ops.masked_addmm:
-        rows = _numel(gm, node.args[1].meta["val"]) / weight.shape[0]
-    elif node.target is ops.masked_matmul:
-        x = node.args[0].meta["val"]
-        k = weight.shape[-1] if node.args[3] else weight.shape[-2]
-        rows = _numel(gm, x) / k
-    elif node.target is ops.masked_linear:
-        rows = _numel(gm, out) / weight.shape[0]
-    else:  # convolutions: every output position of every output channel
-        rows = _numel(gm, out) / weight.shape[0]
-    param = str(w_node.target)
-    return NodeFlops(node.name, node.target.__name__, param, 2 * numel * rows, 2 * nnz * rows)
+    row = op_table.MASKED[node.target]
+    nodes = row.operands(node.args)
+    weight, mask = attr_at(gm, nodes.weight.target), attr_at(gm, nodes.mask.target)
+    x = nodes.input.meta.get("val") if isinstance(nodes.input, fx.Node) else None
+    values = op_table.Operands(x, weight, mask, None, nodes.flags)
+    nnz = mask_nnz(mask, _decision(gm, str(nodes.weight.target)))
+    x_numel = _numel(gm, x) if isinstance(x, torch.Tensor) else None
+    dense, sparse = row.flops(values, nnz, x_numel, _numel(gm, out))
+    return NodeFlops(node.name, node.target.__name__, str(nodes.weight.target), dense, sparse)
 
 
 def mask_nnz(mask: torch.Tensor, decision: Any = None) -> int:
@@ -166,7 +135,6 @@ def _decision(gm: fx.GraphModule, weight_path: str) -> Any:
 
 
 def _dense(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> sympy.Expr | None:
-    args = node.args
     if node.op == "call_module":
         mod = gm.get_submodule(node.target)
         if isinstance(mod, nn.Linear):
@@ -174,27 +142,22 @@ def _dense(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> sympy.Expr |
         if isinstance(mod, nn.modules.conv._ConvNd):
             return 2 * _numel(gm, out) * (mod.weight.numel() // mod.out_channels)
         return None
-    fn = node.target if node.op == "call_function" else None
-    if fn in _MATMULS or (node.op == "call_method" and node.target in ("matmul", "mm", "bmm", "__matmul__")):
-        return 2 * _numel(gm, out) * _size(gm, args[0], -1)
-    if fn in _ADDMMS:
-        return 2 * _numel(gm, out) * _size(gm, args[1], -1)
-    if fn in _LINEARS:
-        return 2 * _numel(gm, out) * _size(gm, args[1], -1)
-    if fn in _CONVS:
-        w = args[1].meta["val"]
-        return 2 * _numel(gm, out) * (math.prod(w.shape[1:]))
-    if fn in _SDPA:
-        q, k, v = (a.meta["val"] for a in args[:3])
-        rows = _numel(gm, q) / sym_expr(gm, q.shape[-1])
-        s = sym_expr(gm, k.shape[-2])
-        return sympy.expand(2 * rows * s * (sym_expr(gm, q.shape[-1]) + sym_expr(gm, v.shape[-1])))
-    return None
+    if node.op == "call_function":
+        row = op_table.by_function(node.target)
+    elif node.op == "call_method":
+        row = op_table.by_method(str(node.target))
+    else:
+        row = None
+    if row is None:
+        return None
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+    flops = op_table.dense_flops(row, vals, _numel(gm, out), lambda t, i: sym_expr(gm, t.shape[i]))
+    return sympy.expand(flops) if row.kind == "sdpa" else flops
 
 
 def _density(gm: fx.GraphModule, mask_node: fx.Node) -> sympy.Expr:
     mask = attr_at(gm, mask_node.target)
-    nnz = mask_nnz(mask, _decision(gm, str(mask_node.target)[: -len("_mask")]))
+    nnz = mask_nnz(mask, _decision(gm, param_of(str(mask_node.target))))
     return sympy.Rational(nnz, max(1, mask.numel()))
 
 
@@ -206,10 +169,6 @@ def _is_view(node: fx.Node) -> bool:
 
 def _numel(gm: fx.GraphModule, t: torch.Tensor) -> sympy.Expr:
     return sympy.Mul(*[sym_expr(gm, d) for d in t.shape])
-
-
-def _size(gm: fx.GraphModule, node: Any, dim: int) -> sympy.Expr:
-    return sym_expr(gm, node.meta["val"].shape[dim])
 
 
 def op_name(node: fx.Node) -> str:

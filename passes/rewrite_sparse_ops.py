@@ -11,14 +11,13 @@ any other leaf module owning ``w``                     ``masked_module_call(mod,
 any other use of ``w``                                 that use reads ``apply_mask(w, w_mask)``
 =====================================================  =================================
 
+Which calls count as each dense op, and where their operands sit, comes from ``sparsefx.op_table``.
 The rewritten ops keep their targets, so lowering finds them in the graph. The pass is
 idempotent: weights already consumed by masked ops are left alone.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,30 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from sparsefx import ops
+from sparsefx import op_table, ops
+from sparsefx.masks import mask_name
 
 from .effects import eliminate_dead_code
-from .insert_masks import mask_name
 from .manager import PassResult
 from .select_params import SELECTED
 
 __all__ = ["RewriteSparseOps"]
-
-aten = torch.ops.aten
-
-LINEAR_FNS: frozenset[Any] = frozenset({F.linear, aten.linear.default})
-MATMUL_FNS: frozenset[Any] = frozenset(
-    {torch.matmul, operator.matmul, torch.mm, aten.mm.default, aten.matmul.default}
-)
-MATMUL_METHODS: frozenset[str] = frozenset({"matmul", "mm", "__matmul__"})
-ADDMM_FNS: frozenset[Any] = frozenset({torch.addmm, aten.addmm.default})
-CONV_FNS: dict[Any, Callable[..., Any]] = {
-    F.conv1d: ops.masked_conv1d,
-    aten.conv1d.default: ops.masked_conv1d,
-    F.conv2d: ops.masked_conv2d,
-    aten.conv2d.default: ops.masked_conv2d,
-}
-CONV_MODULES: dict[type, Callable[..., Any]] = {nn.Conv1d: ops.masked_conv1d, nn.Conv2d: ops.masked_conv2d}
 
 
 @dataclass(frozen=True)
@@ -91,12 +74,11 @@ class RewriteSparseOps:
             }
             masks = {p: graph.get_attr(mask_name(f"{path}.{p}")) for p in names}
             x = node.args[0] if node.args else next(iter(node.kwargs.values()), None)
-            if _is_plain(mod, nn.Linear) and names == ["weight"]:
-                new = graph.call_function(
-                    ops.masked_linear, (x, attr["weight"], masks["weight"], attr["bias"])
-                )
-            elif type(mod) in CONV_MODULES and _is_plain(mod, type(mod)) and names == ["weight"]:
-                new = self._conv_module(graph, mod, x, attr, masks["weight"])
+            row = op_table.by_module(mod) if names == ["weight"] else None
+            if row is not None and row.kind == "linear":
+                new = graph.call_function(row.masked, (x, attr["weight"], masks["weight"], attr["bias"]))
+            elif row is not None and row.masked is not None:
+                new = self._conv_module(graph, mod, row, x, attr, masks["weight"])
             else:
                 module = graph.get_attr(path)
                 new = graph.call_function(ops.masked_module_call, (module, masks, node.args, node.kwargs))
@@ -104,16 +86,26 @@ class RewriteSparseOps:
         return 1
 
     @staticmethod
-    def _conv_module(graph: fx.Graph, mod: nn.Module, x: fx.Node, attr: dict, mask: fx.Node) -> fx.Node:
-        op = CONV_MODULES[type(mod)]
+    def _conv_module(
+        graph: fx.Graph, mod: nn.Module, row: op_table.MatmulOp, x: fx.Node, attr: dict, mask: fx.Node
+    ) -> fx.Node:
         padding: Any = mod.padding
         if mod.padding_mode != "zeros":
             x = graph.call_function(
                 F.pad, (x, mod._reversed_padding_repeated_twice), {"mode": mod.padding_mode}
             )
             padding = 0
-        args = (x, attr["weight"], mask, attr.get("bias"), mod.stride, padding, mod.dilation, mod.groups)
-        return graph.call_function(op, args)
+        operands = {
+            "input": x,
+            "weight": attr["weight"],
+            "mask": mask,
+            "bias": attr.get("bias"),
+            "stride": mod.stride,
+            "padding": padding,
+            "dilation": mod.dilation,
+            "groups": mod.groups,
+        }
+        return graph.call_function(row.masked, row.masked_args(operands))
 
     # ------------------------------------------------------------------------------ weight reads
 
@@ -142,53 +134,36 @@ class RewriteSparseOps:
 
     @staticmethod
     def _named_op(graph: fx.Graph, user: fx.Node, w: fx.Node, m: fx.Node) -> fx.Node | None:
-        args, kw = list(user.args), dict(user.kwargs)
-        if user.op == "call_function" and user.target in LINEAR_FNS and _arg(args, kw, 1, "weight") is w:
-            bias = _arg(args, kw, 2, "bias")
-            return graph.call_function(ops.masked_linear, (_arg(args, kw, 0, "input"), w, m, bias))
-        is_matmul = (user.op == "call_function" and user.target in MATMUL_FNS) or (
-            user.op == "call_method" and user.target in MATMUL_METHODS
-        )
-        if is_matmul and len(args) == 2 and not kw and (args[0] is w) != (args[1] is w):
-            first = args[0] is w
-            other = args[1] if first else args[0]
-            return graph.call_function(ops.masked_matmul, (other, w, m, first))
-        if user.op == "call_function" and user.target in ADDMM_FNS and _arg(args, kw, 2, "mat2") is w:
-            bias, x = _arg(args, kw, 0, "input"), _arg(args, kw, 1, "mat1")
-            if x is w or bias is w:
+        """The masked op for ``user`` (a dense call reading ``w`` as its weight), from the op table."""
+        if user.op == "call_function":
+            row = op_table.by_function(user.target)
+        elif user.op == "call_method":
+            row = op_table.by_method(str(user.target))
+        else:
+            row = None
+        if row is None or row.masked is None:
+            return None
+        operands = row.read_source(user.args, user.kwargs)
+        if operands is None:
+            return None
+        if row.kind == "matmul":
+            a, b = operands.pop("a"), operands.pop("b")
+            if (a is w) == (b is w) or len(user.args) + len(user.kwargs) != 2:
                 return None
-            beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
-            return graph.call_function(ops.masked_addmm, (bias, x, w, m, beta, alpha))
-        if user.op == "call_function" and user.target in CONV_FNS and _arg(args, kw, 1, "weight") is w:
-            if _arg(args, kw, 0, "input") is w:
-                return None
-            rest = [
-                _arg(args, kw, i, k)
-                for i, k in enumerate(("bias", "stride", "padding", "dilation", "groups"), 2)
-            ]
-            defaults = (None, 1, 0, 1, 1)
-            rest = [d if v is None else v for v, d in zip(rest, defaults)]
-            return graph.call_function(CONV_FNS[user.target], (_arg(args, kw, 0, "input"), w, m, *rest))
-        return None
+            operands.update(input=b if a is w else a, weight=w, weight_first=a is w)
+        elif operands["weight"] is not w or any(v is w for k, v in operands.items() if k != "weight"):
+            return None
+        operands["mask"] = m
+        return graph.call_function(row.masked, row.masked_args(operands))
 
 
 def _already_masked(user: fx.Node, weight: fx.Node) -> bool:
-    if user.op != "call_function" or user.target not in ops.MASKED_OPS:
+    if user.op != "call_function" or user.target not in op_table.MASKED_OPS:
         return False
     if user.target is ops.apply_mask:
         return user.args[0] is weight
-    return ops.WEIGHT_ARG.get(user.target) is not None and user.args[ops.WEIGHT_ARG[user.target]] is weight
-
-
-def _is_plain(mod: nn.Module, cls: type) -> bool:
-    """``mod`` is a ``cls`` whose forward is the stock one (a subclass may compute something else)."""
-    return isinstance(mod, cls) and type(mod).forward is cls.forward
-
-
-def _arg(args: list, kwargs: dict, index: int, name: str) -> Any:
-    if index < len(args):
-        return args[index]
-    return kwargs.get(name)
+    index = op_table.WEIGHT_ARG.get(user.target)
+    return index is not None and user.args[index] is weight
 
 
 def _replace(old: fx.Node, new: fx.Node) -> None:

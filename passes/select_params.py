@@ -4,6 +4,7 @@ After it runs, ``gm.meta["sparsefx.selected"]`` maps each selected parameter's p
 to its ``ParamDecision``, and each ``get_attr`` node of a selected parameter carries
 ``node.meta["sparsefx.param"]`` (the parameter's fully qualified name in the whole model)::
 
+    >>> from sparsefx.config import load_config
     >>> plan = load_config(0.5).resolve(torch.nn.Linear(4, 4).named_parameters())
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 4))
     >>> sorted(SelectSparseParams(plan)(gm).graph_module.meta["sparsefx.selected"])
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from sparsefx.config import SparsityPlan, load_config  # noqa: F401  (load_config: doctest)
+from sparsefx.config import SparsityPlan
 
 from .manager import PassResult
 

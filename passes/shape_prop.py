@@ -28,10 +28,9 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from sparsefx.ops import masked_conv1d
+from sparsefx.op_table import conv1d_sources
 
 from .manager import PassResult
-from .rewrite_sparse_ops import CONV_FNS, CONV_MODULES
 
 __all__ = [
     "INPUT_ERROR",
@@ -193,13 +192,9 @@ def _has_seq_dim(t: torch.Tensor) -> bool:
     return (t.dim() == 2 and not t.is_floating_point()) or t.dim() == 3
 
 
-# What the rewrite turns into masked_conv1d, plus the op itself (a rewritten graph) and aten's
-# generic convolution (a 3-d input makes it a conv1d).
-_CONV1D_FUNCTIONS = frozenset(
-    [f for f, op in CONV_FNS.items() if op is masked_conv1d]
-    + [masked_conv1d, torch.ops.aten.convolution.default]
-)
-_CONV1D_MODULES = tuple(cls for cls, op in CONV_MODULES.items() if op is masked_conv1d)
+# What computes a conv1d: its dense sources, the masked op (a rewritten graph) and aten's generic
+# convolution (a 3-d input makes it a conv1d).
+_CONV1D_FUNCTIONS, _CONV1D_MODULES = conv1d_sources()
 
 
 def _seq_dims(gm: fx.GraphModule, args: tuple, kwargs: dict) -> dict[int, int]:

@@ -25,7 +25,7 @@ from .bound import binding_of
 from .config import SparsityConfig, SparsityPlan
 from .dispatch import CapturedModule, Variant, captured_modules
 from .masks import mask_name
-from .ops import WEIGHT_ARG
+from .op_table import WEIGHT_ARG
 from .passes.count_flops import NodeFlops, mask_nnz
 from .shell import move_extras
 

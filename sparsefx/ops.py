@@ -4,7 +4,7 @@ Each op computes its dense counterpart on ``torch.where(mask, weight, 0)``. The 
 multiply) means NaN or Inf stored at pruned positions cannot leak into outputs, and autograd of
 ``where`` gives the masked weight gradient ``where(mask, grad, 0)``: pruned gradients are exactly 0.
 
-Lowering finds these ops by target (see ``MASKED_OPS``)::
+``sparsefx.op_table`` describes each of them once (sources, operand positions, FLOPs)::
 
     >>> w, m = torch.ones(2, 3), torch.tensor([[True, False, True], [False, True, False]])
     >>> masked_linear(torch.ones(1, 3), w, m)
@@ -13,7 +13,7 @@ Lowering finds these ops by target (see ``MASKED_OPS``)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,8 +34,6 @@ __all__ = [
     "masked_conv1d",
     "masked_conv2d",
     "masked_module_call",
-    "MASKED_OPS",
-    "WEIGHT_ARG",
 ]
 
 
@@ -137,14 +135,3 @@ def masked_module_call(
     """
     params = {name: apply_mask(getattr(module, name), mask) for name, mask in masks.items()}
     return torch.func.functional_call(module, params, args, dict(kwargs))
-
-
-# op -> index of its weight argument; lowering and accounting find sparse ops through this table.
-WEIGHT_ARG: dict[Callable[..., Any], int] = {
-    masked_linear: 1,
-    masked_matmul: 1,
-    masked_addmm: 2,
-    masked_conv1d: 1,
-    masked_conv2d: 1,
-}
-MASKED_OPS: frozenset[Callable[..., Any]] = frozenset(WEIGHT_ARG) | {apply_mask, masked_module_call}

@@ -11,10 +11,15 @@ import torch
 
 import sparsefx
 
+# sparsefx.passes and sparsefx.runtime live in their own folders (package-dir), so walk them too.
+PACKAGES = (sparsefx, importlib.import_module("sparsefx.passes"), importlib.import_module("sparsefx.runtime"))
 MODULES = sorted(
-    name
-    for _, name, _ in pkgutil.walk_packages(sparsefx.__path__, "sparsefx.")
-    if not name.endswith("__main__")
+    {
+        name
+        for package in PACKAGES
+        for _, name, _ in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+        if not name.endswith("__main__")
+    }
 )
 
 
