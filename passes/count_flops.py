@@ -24,7 +24,7 @@ from torch import fx, nn
 
 from sparsefx import op_table, ops
 from sparsefx.masks import param_of
-from sparsefx.sparse.counts import keep_count
+from sparsefx.config.counts import keep_count
 
 from .manager import PassResult, attr_at
 from .shape_prop import sym_expr

@@ -12,6 +12,7 @@ import torch; the error classes are plain Python and load at once.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from . import errors
@@ -71,7 +72,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 def __getattr__(name: str) -> Any:
     """Import a public name on first access and keep it, so later lookups are plain attributes."""
     if name not in _LAZY:
-        raise AttributeError(f"module 'sparsefx' has no attribute {name!r}")
+        if importlib.util.find_spec(f"{__name__}.{name}") is None:  # a submodule: import it, as Python would
+            raise AttributeError(f"module 'sparsefx' has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
     module_name, attr = _LAZY[name]
     module = importlib.import_module(module_name, __name__)
     value = module if attr is None else getattr(module, attr)

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 import sparsefx
+from sparsefx.config.registry import unregister_algorithm
 from sparsefx.errors import ConfigError
 from sparsefx.models import build_model
 from sparsefx.sparse import GMP, SET, DynamicSparsityAlgorithm, Group, RigL, Static
 from sparsefx.sparse.drop_grow import drop_and_grow
 from sparsefx.sparse.init import from_groups, keep_count, to_groups
-from sparsefx.sparse.registry import unregister_algorithm
 
 
 def _mlp(seed: int = 0) -> nn.Module:

@@ -19,10 +19,10 @@ from sparsefx.config import (
     SparsityPlan,
     load_config,
     param_seed,
+    registry,
 )
+from sparsefx.config.schedules import Constant, Cosine, Cycling, Polynomial, UpdateSchedule
 from sparsefx.errors import ConfigError
-from sparsefx.sparse import registry
-from sparsefx.sparse.schedules import Constant, Cosine, Cycling, Polynomial, UpdateSchedule
 
 SHAPES = {
     "embedding.weight": (10, 4),

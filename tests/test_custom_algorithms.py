@@ -10,11 +10,11 @@ from torch import nn
 
 import sparsefx
 from sparsefx.config import load_config
+from sparsefx.config.registry import algorithm_names, register_algorithm, unregister_algorithm
 from sparsefx.errors import ConfigError
 from sparsefx.models import build_model
 from sparsefx.sparse import DynamicSparsityAlgorithm, SparsityAlgorithm
 from sparsefx.sparse.init import keep_count
-from sparsefx.sparse.registry import algorithm_names, register_algorithm, unregister_algorithm
 
 NAMES = ("kwonly", "alphaalgo", "positional", "withdefault", "staticlike", "halfdone")
 

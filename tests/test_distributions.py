@@ -11,8 +11,8 @@ from torch import nn
 
 import sparsefx
 from sparsefx.config import GroupConfig, load_config
+from sparsefx.config.distributions import global_magnitude_masks, layer_densities
 from sparsefx.errors import ConfigError
-from sparsefx.sparse.distributions import global_magnitude_masks, layer_densities
 from sparsefx.sparse.init import keep_count, make_mask
 
 MLP_SHAPES = {"fc1.weight": (300, 784), "fc2.weight": (100, 300), "fc3.weight": (10, 100)}

@@ -128,6 +128,26 @@ def test_no_cycle_between_config_and_sparse() -> None:
         assert len(layers) < 2, f"import cycle across config and sparse: {' -> '.join(component)}"
 
 
+def test_no_import_cycle_anywhere() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_config_layer_imports_nothing_from_sparse() -> None:
+    graph = import_graph()
+    for name, deps in graph.items():
+        if _layer(name) == "sparsefx.config":
+            wrong = sorted(d for d in deps if _layer(d) == "sparsefx.sparse")
+            assert not wrong, f"{name} imports {wrong}: the config layer sits below the algorithms"
+
+
+def test_sparse_never_imports_passes() -> None:
+    graph = import_graph()
+    for name, deps in graph.items():
+        if _layer(name) == "sparsefx.sparse":
+            wrong = sorted(d for d in deps if d.startswith("sparsefx.passes"))
+            assert not wrong, f"{name} imports {wrong}"
+
+
 if __name__ == "__main__":
     for component in cycles(import_graph()):
         print(" <-> ".join(component))

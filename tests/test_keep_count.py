@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sparsefx
+from sparsefx.config.distributions import global_magnitude_masks
 from sparsefx.passes.count_flops import mask_nnz
 from sparsefx.sparse import GMP, SET, RigL
-from sparsefx.sparse.distributions import global_magnitude_masks
 from sparsefx.sparse.drop_grow import drop_and_grow
 from sparsefx.sparse.init import keep_count, make_mask, to_groups
 from sparsefx.sparse.retarget import retarget_, retarget_mask

@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call
 
 import sparsefx
-from sparsefx.sparse.counts import keep_count
+from sparsefx.config.counts import keep_count
 
 
 def net() -> nn.Module:

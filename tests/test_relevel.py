@@ -11,7 +11,7 @@ from torch import nn
 
 import sparsefx
 from sparsefx.checkpoint import load_checkpoint, save_checkpoint
-from sparsefx.sparse.counts import keep_count
+from sparsefx.config.counts import keep_count
 
 
 def net() -> nn.Module:

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from sparsefx.errors import ConfigError
-from sparsefx.sparse.schedules import (
+from sparsefx.config.schedules import (
     SCHEDULE_TYPES,
     Constant,
     Cosine,
@@ -22,6 +21,7 @@ from sparsefx.sparse.schedules import (
     parse_schedule,
     parse_update,
 )
+from sparsefx.errors import ConfigError
 
 
 def _raises(fragment: str):

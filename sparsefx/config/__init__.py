@@ -17,14 +17,15 @@ names for a pattern that matches nothing).
 
 from __future__ import annotations
 
-# also importable from here, as before the split (explicit re-exports, not in __all__)
-from ..sparse.registry import GROUP_KEYS as GROUP_KEYS
 from .filters import DEFAULT_EXCLUDED_WORDS, ParamFilter
 from .filters import DEFAULT_FILTER as DEFAULT_FILTER
 from .filters import FILTER_KINDS as FILTER_KINDS
 from .hints import closest_names
 from .parse import load_config, with_defaults
 from .plan import ParamDecision, SparsityPlan
+
+# also importable from here, as before the split (explicit re-exports, not in __all__)
+from .registry import GROUP_KEYS as GROUP_KEYS
 from .resolve import param_seed
 from .schema import DEFAULT_SEED, DISTRIBUTIONS, INIT_METHODS, GroupConfig, SparsityConfig
 from .schema import GRAMMARS as GRAMMARS

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..sparse.schedules import short_repr
+from .schedules import short_repr
 
 __all__ = [
     "FILTER_KINDS",

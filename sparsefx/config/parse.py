@@ -24,7 +24,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import ConfigError
-from ..sparse.registry import (
+from .filters import DEFAULT_FILTER, ParamFilter, check_glob, check_regex
+from .read import read_file, read_text
+from .registry import (
     BUILTIN_ALGORITHMS,
     DYNAMIC_ALGORITHMS,
     GROUP_KEYS,
@@ -33,7 +35,7 @@ from ..sparse.registry import (
     hyperparameters,
     lookup,
 )
-from ..sparse.schedules import (
+from .schedules import (
     Constant,
     Cycling,
     Polynomial,
@@ -44,8 +46,6 @@ from ..sparse.schedules import (
     parse_update,
     short_repr,
 )
-from .filters import DEFAULT_FILTER, ParamFilter, check_glob, check_regex
-from .read import read_file, read_text
 from .schema import DEFAULT_SEED, DISTRIBUTIONS, INIT_METHODS, GroupConfig, SparsityConfig
 
 __all__ = ["load_config", "with_defaults"]

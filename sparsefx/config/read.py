@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..sparse.schedules import short_repr
+from .schedules import short_repr
 
 __all__ = ["read_text", "read_file"]
 

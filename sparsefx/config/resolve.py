@@ -22,11 +22,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..sparse.distributions import layer_densities
-from ..sparse.schedules import short_repr
+from .distributions import layer_densities
 from .filters import param_shape
 from .hints import closest_names
 from .plan import ParamDecision, SparsityPlan
+from .schedules import short_repr
 
 if TYPE_CHECKING:
     from .schema import GroupConfig, SparsityConfig

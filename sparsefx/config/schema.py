@@ -2,7 +2,7 @@
 
 Every field is parsed and validated once (``sparsefx.config.parse``); nothing downstream sees a raw dict::
 
-    >>> from sparsefx.sparse.schedules import Constant
+    >>> from sparsefx.config.schedules import Constant
     >>> cfg = SparsityConfig((GroupConfig("sparsity", sparsity=Constant(0.5)),), "float")
     >>> cfg.groups[0].algorithm, cfg.groups[0].param_filter.kind, cfg.groups[0].pool_key
     ('static', 'default', 'sparsity')
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..sparse.distributions import METHODS
-from ..sparse.schedules import Constant, Schedule, UpdateSchedule
+from .distributions import METHODS
 from .filters import DEFAULT_FILTER, ParamFilter
 from .plan import SparsityPlan
 from .resolve import resolve_config
+from .schedules import Constant, Schedule, UpdateSchedule
 
 __all__ = ["DEFAULT_SEED", "INIT_METHODS", "DISTRIBUTIONS", "GRAMMARS", "GroupConfig", "SparsityConfig"]
 

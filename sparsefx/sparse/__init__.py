@@ -6,16 +6,21 @@
     >>> type(sparsity).__name__, sparsity.update_schedule.freq
     ('RigL', 100)
 
-Names load on first use. ``sparsefx.config`` imports ``schedules``, ``registry`` and
-``distributions`` from this package, which runs this file first; the algorithms import
-``sparsefx.config``, so eager imports here would close a loop. No module of ``sparsefx.config``
-imports ``base`` (it reads algorithm rules through ``registry.config_rule``).
+The algorithms import ``sparsefx.config``; the config layer imports nothing from this package
+(schedules, the algorithm registry, layer distributions and the counting rule live in
+``sparsefx.config``, and algorithm rules are read through ``config.registry.config_rule``).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .base import DynamicSparsityAlgorithm, SparseParam, SparsityAlgorithm
+from .build import build_algorithm
+from .gmp import GMP
+from .group import Group
+from .logging import tensorboard_hook
+from .rigl import RigL
+from .set import SET
+from .static import Static
 
 __all__ = [
     "SparsityAlgorithm",
@@ -29,22 +34,3 @@ __all__ = [
     "build_algorithm",
     "tensorboard_hook",
 ]
-
-_HOME = {
-    "SparsityAlgorithm": "base",
-    "DynamicSparsityAlgorithm": "base",
-    "SparseParam": "base",
-    "Static": "static",
-    "GMP": "gmp",
-    "SET": "set",
-    "RigL": "rigl",
-    "Group": "group",
-    "build_algorithm": "build",
-    "tensorboard_hook": "logging",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'sparsefx.sparse' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)

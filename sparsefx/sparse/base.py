@@ -34,15 +34,15 @@ from torch import Tensor, nn
 
 from ..bound import bind_weight, binding_of
 from ..config import GroupConfig, ParamDecision, SparsityConfig, SparsityPlan
+from ..config.registry import register_algorithm, resolve_group
+from ..config.schedules import Schedule, UpdateSchedule
 from ..errors import ConfigError
 from ..masks import follows_mask, has_mask, is_mask_of, mask_name, owner_and_attr
 from ..ops import prune_, select
 from ..step_trust import note_state_masked, settle_step, state_tensors, trusted_states
 from .drop_grow import drop_and_grow
 from .make_masks import make_masks
-from .registry import register_algorithm, resolve_group
 from .relevel import relevel
-from .schedules import Schedule, UpdateSchedule
 from .select import resolve_plan
 
 __all__ = ["SparsityAlgorithm", "DynamicSparsityAlgorithm", "SparseParam"]

@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 from ..config import GroupConfig, SparsityConfig
+from ..config.registry import construct, lookup
 from ..errors import ConfigError
 from . import gmp, rigl, set, static  # noqa: F401  (register the built-in algorithms)
 from .base import SparsityAlgorithm
 from .group import Group
-from .registry import construct, lookup
 
 __all__ = ["build_algorithm"]
 

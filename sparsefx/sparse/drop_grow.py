@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .counts import keep_count
+from ..config.counts import keep_count
 from .init import from_groups, select_largest, to_groups
 
 __all__ = ["drop_and_grow", "magnitude_key"]

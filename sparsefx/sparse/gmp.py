@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..config.schedules import Schedule, UpdateSchedule
 from ..errors import ConfigError
 from .base import DynamicSparsityAlgorithm
 from .init import make_mask
-from .schedules import Schedule, UpdateSchedule
 
 __all__ = ["GMP"]
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..config.counts import keep_count
 from ..errors import ConfigError
-from .counts import keep_count
 
 __all__ = [
     "make_mask",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from .distributions import global_magnitude_masks
+from ..config.distributions import global_magnitude_masks
 from .init import make_mask
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .counts import keep_count
+from ..config.counts import keep_count
 from .retarget import retarget_
 
 __all__ = ["relevel", "static_targets"]

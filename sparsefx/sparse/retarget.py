@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from ..config import param_seed
+from ..config.counts import keep_count
 from ..errors import ConfigError
 from ..masks import follows_mask, is_mask_of, masked_params
 from ..ops import prune_
-from .counts import keep_count
 
 __all__ = ["retarget_mask", "retarget_"]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..config.schedules import UpdateSchedule
 from ..errors import ConfigError
 from .base import DynamicSparsityAlgorithm
-from .schedules import UpdateSchedule
 
 __all__ = ["RigL"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..config.schedules import UpdateSchedule
 from .base import DynamicSparsityAlgorithm
-from .schedules import UpdateSchedule
 
 __all__ = ["SET"]
 

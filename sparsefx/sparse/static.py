@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
+from ..config.schedules import Constant, Cycling, Schedule
 from ..errors import ConfigError
 from .base import SparsityAlgorithm
-from .schedules import Constant, Cycling, Schedule
 
 __all__ = ["Static"]
 

@@ -10,7 +10,7 @@ would pass 1 is made dense and the rest solved again::
     {'fc1': 0.0796, 'fc2': 0.2302, 'fc3': 1.0}
 
 ``global_magnitude_masks`` keeps the ``keep_count(total, s)`` largest ``|w|`` over all tensors at once
-(``floor((1 - s) * total)`` evaluated exactly, see ``sparse.counts``)::
+(``floor((1 - s) * total)`` evaluated exactly, see ``config.counts``)::
 
     >>> masks = global_magnitude_masks({"a": torch.tensor([1.0, -5.0]), "b": torch.tensor([3.0, 0.5])}, 0.5)
     >>> masks["a"].tolist(), masks["b"].tolist()
