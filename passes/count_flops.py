@@ -3,35 +3,37 @@
 Sparse ops cost ``2 * nnz * rows``; matmuls between activations (attention scores and values)
 stay dense, and so do layers that are not sparsified. Embedding lookups and elementwise ops are
 not counted: the figures follow the matmul-only convention of published FLOP counts.
-``gm.meta["sparsefx.flops"]`` holds a ``NodeFlops`` per counted node::
+``gm.meta["sparsefx.flops"]`` holds a ``NodeFlops`` per counted node, and ``gm.meta["sparsefx.uncounted"]``
+the names of matmul-like nodes it could not cost because shape propagation gave them no shapes
+(the count is then partial)::
 
     >>> from sparsefx.passes.shape_prop import PropagateShapes
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 3))
     >>> shaped = PropagateShapes(((torch.randn(8, 4),), {}), symbolic=True)(gm).graph_module
     >>> gm = CountFlops()(shaped).graph_module
-    >>> gm.meta["sparsefx.flops"][0].dense
-    24*batch
+    >>> gm.meta["sparsefx.flops"][0].dense, gm.meta["sparsefx.uncounted"]
+    (24*batch, ())
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import sympy
 import torch
 from torch import fx, nn
 
 from sparsefx import op_table, ops
-from sparsefx.masks import param_of
 from sparsefx.config.counts import keep_count
+from sparsefx.masks import param_of
 
 from .manager import PassResult, attr_at
+from .meta import FLOPS, SELECTED, SHAPES, UNCOUNTED
 from .shape_prop import sym_expr
 
 __all__ = ["CountFlops", "NodeFlops", "FLOPS", "mask_nnz", "weight_read", "op_name"]
 
-FLOPS = "sparsefx.flops"
 _VIEWS = {"t", "transpose", "permute", "view", "reshape", "contiguous"}
 
 
@@ -51,9 +53,12 @@ class CountFlops:
     """Write ``gm.meta["sparsefx.flops"]``; needs ``propagate-shapes`` to have run with inputs."""
 
     name: str = "count-flops"
+    requires: ClassVar[tuple[str, ...]] = (SHAPES,)
+    ensures: ClassVar[tuple[str, ...]] = (FLOPS, UNCOUNTED)
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         rows: list[NodeFlops] = []
+        uncounted: list[str] = []
         density: dict[fx.Node, sympy.Expr] = {}
         for node in gm.graph.nodes:
             if node.op == "call_function" and node.target is ops.apply_mask:
@@ -62,11 +67,26 @@ class CountFlops:
             if _is_view(node) and node.args and node.args[0] in density:
                 density[node] = density[node.args[0]]
                 continue
+            if "val" not in node.meta and _costable(gm, node):
+                uncounted.append(node.name)
+                continue
             row = _count(gm, node, density)
             if row is not None:
                 rows.append(row)
         gm.meta[FLOPS] = tuple(rows)
-        return PassResult(gm, modified=False, info={"counted": len(rows)})
+        gm.meta[UNCOUNTED] = tuple(uncounted)
+        return PassResult(gm, modified=False, info={"counted": len(rows), "uncounted": len(uncounted)})
+
+
+def _costable(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` is an op this pass would cost, given shapes."""
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(str(node.target)), (nn.Linear, nn.modules.conv._ConvNd))
+    if node.op == "call_function":
+        return node.target in op_table.MASKED or op_table.by_function(node.target) is not None
+    if node.op == "call_method":
+        return op_table.by_method(str(node.target)) is not None
+    return False
 
 
 def _count(gm: fx.GraphModule, node: fx.Node, density: dict) -> NodeFlops | None:
@@ -131,7 +151,7 @@ def mask_nnz(mask: torch.Tensor, decision: Any = None) -> int:
 
 
 def _decision(gm: fx.GraphModule, weight_path: str) -> Any:
-    return gm.meta.get("sparsefx.selected", {}).get(weight_path)
+    return gm.meta.get(SELECTED, {}).get(weight_path)
 
 
 def _dense(gm: fx.GraphModule, node: fx.Node, out: torch.Tensor) -> sympy.Expr | None:

@@ -17,6 +17,7 @@ twice changes nothing::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import fx, nn
 
@@ -26,7 +27,8 @@ from sparsefx.shell import PRIVATE, private_copy
 from sparsefx.sparse.make_masks import make_masks
 
 from .manager import PassResult
-from .select_params import SELECTED, SelectSparseParams  # noqa: F401  (doctest)
+from .meta import SELECTED
+from .select_params import SelectSparseParams  # noqa: F401  (doctest)
 
 __all__ = ["InsertMasks", "own_module"]
 
@@ -36,6 +38,8 @@ class InsertMasks:
     """Register ``<param>_mask`` buffers for the parameters ``select-sparse-params`` marked."""
 
     name: str = "insert-masks"
+    requires: ClassVar[tuple[str, ...]] = (SELECTED,)
+    ensures: ClassVar[tuple[str, ...]] = ()
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         todo = {local: d for local, d in gm.meta.get(SELECTED, {}).items() if not has_mask(gm, local)}

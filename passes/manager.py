@@ -1,9 +1,10 @@
 """Pass, PassResult and PassManager: a straight-line pipeline over one fx.GraphModule.
 
 A pass is a small frozen dataclass with a kebab-case ``name`` whose ``__call__`` returns a
-``PassResult``. The manager records each pass's graph text, runs ``verify`` after each pass in
-debug mode, and turns failures into one ``PassError`` that names the pass, the node and the passes
-that ran before::
+``PassResult``; its class-level ``requires`` and ``ensures`` name the ``gm.meta`` keys (``passes/meta.py``)
+it reads and writes. The manager checks those before and after each pass, records each pass's
+``text`` (the graph code by default), runs ``verify`` after each pass in debug mode, and turns
+failures into one ``PassError`` that names the pass, the node and the passes that ran before::
 
     >>> pm = PassManager([])
     >>> pm(fx.symbolic_trace(torch.nn.Linear(2, 2))).modified
@@ -39,7 +40,11 @@ class PassResult:
 
 
 class Pass(Protocol):
-    """Anything with a kebab-case ``name`` that maps a GraphModule to a ``PassResult``."""
+    """Anything with a kebab-case ``name`` that maps a GraphModule to a ``PassResult``.
+
+    Optional class attributes ``requires`` and ``ensures`` (tuples of ``gm.meta`` keys) state its
+    contract; a pass without them is not checked.
+    """
 
     name: str
 
@@ -61,35 +66,60 @@ def fail(node: fx.Node, why: str) -> NodeFailure:
 
 
 class PassManager:
-    """Run passes in order; keep ``history`` as ``[(pass name, graph text)]``."""
+    """Run passes in order; keep ``history`` as ``[(pass name, text)]``.
+
+    The manager is generic over what the passes transform: ``text`` renders it for the history
+    (``gm.code`` by default), ``verify`` checks it in debug mode (``verify_graph`` by default), and
+    the ``requires``/``ensures`` contracts are checked against its ``meta`` dict when it has one.
+    """
 
     def __init__(
         self,
         passes: Sequence[Pass],
         *,
         debug: bool = False,
-        verify: Callable[[fx.GraphModule], None] | None = None,
+        verify: Callable[[Any], None] | None = None,
+        text: Callable[[Any], str] | None = None,
         label: str = "",
     ) -> None:
         self.passes = list(passes)
         self.debug = debug
         self.verify = verify or verify_graph
+        self.text = text or _code
         self.label = label
         self.history: list[tuple[str, str]] = []
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
+    def __call__(self, gm: Any) -> PassResult:
         modified = False
         done: list[str] = []
         for p in self.passes:
             result = self._run_one(p, gm, done)
             gm, modified = result.graph_module, modified or result.modified
-            self.history.append((p.name, gm.code))
+            self.history.append((p.name, self.text(gm)))
             done.append(p.name)
         return PassResult(gm, modified)
 
-    def _run_one(self, p: Pass, gm: fx.GraphModule, done: list[str]) -> PassResult:
+    def _check_contract(self, p: Pass, gm: Any, done: list[str], before: bool) -> None:
+        keys = getattr(p, "requires" if before else "ensures", ())
+        meta = getattr(gm, "meta", None)
+        if not keys or not isinstance(meta, dict):
+            return
+        missing = [key for key in keys if key not in meta]
+        if not missing:
+            return
         where = f" in graph {self.label!r}" if self.label else ""
         ran = f" (passes run so far: {', '.join(done) or 'none'})"
+        if not before:
+            raise PassError(f"{p.name} did not set {', '.join(missing)} in meta, as it ensures{where}{ran}")
+        key = missing[0]
+        makers = [q.name for q in self.passes if key in getattr(q, "ensures", ())]
+        hint = f"; {' or '.join(makers)} ensures it" if makers else "; no pass in this pipeline ensures it"
+        raise PassError(f"{p.name} requires meta key {key!r}, which is missing{where}{hint}{ran}")
+
+    def _run_one(self, p: Pass, gm: Any, done: list[str]) -> PassResult:
+        where = f" in graph {self.label!r}" if self.label else ""
+        ran = f" (passes run so far: {', '.join(done) or 'none'})"
+        self._check_contract(p, gm, done, before=True)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -110,7 +140,12 @@ class PassManager:
             raise
         except Exception as exc:
             raise PassError(f"{p.name} failed{where}: {type(exc).__name__}: {exc}{ran}") from exc
+        self._check_contract(p, result.graph_module, done, before=False)
         return result
+
+
+def _code(gm: fx.GraphModule) -> str:
+    return gm.code
 
 
 def verify_graph(gm: fx.GraphModule) -> None:

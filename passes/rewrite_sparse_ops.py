@@ -19,7 +19,7 @@ idempotent: weights already consumed by masked ops are left alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,7 @@ from sparsefx.masks import mask_name
 
 from .effects import eliminate_dead_code
 from .manager import PassResult
-from .select_params import SELECTED
+from .meta import SELECTED
 
 __all__ = ["RewriteSparseOps"]
 
@@ -40,6 +40,8 @@ class RewriteSparseOps:
     """Route every read of a selected weight through its mask (see the table above)."""
 
     name: str = "rewrite-sparse-ops"
+    requires: ClassVar[tuple[str, ...]] = (SELECTED,)
+    ensures: ClassVar[tuple[str, ...]] = ()
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         selected = gm.meta.get(SELECTED, {})

@@ -14,16 +14,16 @@ to its ``ParamDecision``, and each ``get_attr`` node of a selected parameter car
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import fx
 
 from sparsefx.config import SparsityPlan
 
 from .manager import PassResult
+from .meta import PARAM, SELECTED
 
 __all__ = ["SelectSparseParams", "SELECTED"]
-
-SELECTED = "sparsefx.selected"
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class SelectSparseParams:
     plan: SparsityPlan
     prefix: str = ""
     name: str = "select-sparse-params"
+    requires: ClassVar[tuple[str, ...]] = ()
+    ensures: ClassVar[tuple[str, ...]] = (SELECTED,)
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         selected = {}
@@ -44,5 +46,5 @@ class SelectSparseParams:
         gm.meta[SELECTED] = selected
         for node in gm.graph.nodes:
             if node.op == "get_attr" and node.target in selected:
-                node.meta["sparsefx.param"] = self.prefix + node.target
+                node.meta[PARAM] = self.prefix + node.target
         return PassResult(gm, modified=before.keys() != selected.keys(), info={"selected": sorted(selected)})

@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import sympy
 import torch
@@ -31,6 +31,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from sparsefx.op_table import conv1d_sources
 
 from .manager import PassResult
+from .meta import INPUT_ERROR, SHAPE_ENV, SHAPES, SYMBOL_VALUES, SYMBOLS
 
 __all__ = [
     "INPUT_ERROR",
@@ -38,9 +39,6 @@ __all__ = [
 
 BATCH = sympy.Symbol("batch", positive=True, integer=True)
 SEQ = sympy.Symbol("seq", positive=True, integer=True)
-SHAPE_ENV = "sparsefx.shape_env"
-SYMBOLS = "sparsefx.symbols"
-SYMBOL_VALUES = "sparsefx.symbol_values"
 
 
 @dataclass(frozen=True)
@@ -56,10 +54,12 @@ class PropagateShapes:
     inputs: tuple[tuple[Any, ...], dict[str, Any]] | None
     symbolic: bool = False
     name: str = "propagate-shapes"
+    requires: ClassVar[tuple[str, ...]] = ()
+    ensures: ClassVar[tuple[str, ...]] = (SHAPES,)
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         if self.inputs is None:
-            gm.meta["sparsefx.shapes"] = "none: no example inputs"
+            gm.meta[SHAPES] = "none: no example inputs"
             return PassResult(gm, modified=False)
         args, kwargs = self.inputs
         modes = ("symbolic", "meta", "fake") if self.symbolic else ("meta", "fake")
@@ -68,19 +68,16 @@ class PropagateShapes:
             try:
                 with _quiet_fake_tensor_logs():
                     _MODES[mode](gm, args, kwargs)
-                gm.meta["sparsefx.shapes"] = mode
+                gm.meta[SHAPES] = mode
                 return PassResult(gm, modified=False)
             except Exception as exc:  # a model can defeat any one mode: guards, missing meta kernels
-                gm.meta["sparsefx.shapes"] = f"failed: {type(exc).__name__}: {exc}"
+                gm.meta[SHAPES] = f"failed: {type(exc).__name__}: {exc}"
                 error = exc
         if type(error) in _INPUT_ERRORS:  # a kernel's own check, not a mode the model defeats
             where = getattr(error, "_sparsefx_node", None)
             at = f"at {where.name} ({_target_name(where)}): " if where is not None else ""
             gm.meta[INPUT_ERROR] = f"{at}{str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         return PassResult(gm, modified=False)
-
-
-INPUT_ERROR = "sparsefx.input_error"
 
 
 def _target_name(node: fx.Node) -> str:

@@ -14,6 +14,7 @@ same exact ``keep_count`` rule the masks use (0.9 of 10000 weights keeps 1000)::
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -26,16 +27,25 @@ from .compiler import compile, normalize_inputs
 from .masks import mask_name
 from .model import SparseModel
 from .passes.count_flops import CountFlops, mask_nnz
+from .passes.manager import PassManager
+from .passes.meta import SHAPES, UNCOUNTED
 from .passes.shape_prop import PropagateShapes
 
 __all__ = ["FlopReport", "flops", "TRAIN_FACTOR", "rigl_step_flops", "rigl_intervals"]
 
 TRAIN_FACTOR = 3  # forward + backward (input and weight gradients) = 3 x forward
 
+logger = logging.getLogger("sparsefx")
+
 
 @dataclass(frozen=True)
 class FlopReport:
-    """Ints per call on the inputs given; ``forward_expr`` keeps the sympy forms in ``batch``/``seq``."""
+    """Ints per call on the inputs given; ``forward_expr`` keeps the sympy forms in ``batch``/``seq``.
+
+    ``uncounted`` names the matmul-like nodes (``<graph path>:<node>`` in a submodule graph) that
+    could not be costed because shape propagation failed, and ``partial`` says why; the counts
+    are then lower bounds. Both are empty when every node was counted.
+    """
 
     dense_forward: int
     sparse_forward: int
@@ -44,6 +54,8 @@ class FlopReport:
     dense_params: int
     sparse_params: int
     forward_expr: tuple[sympy.Expr, sympy.Expr] = field(default=(sympy.Integer(0), sympy.Integer(0)))
+    uncounted: tuple[str, ...] = ()
+    partial: str | None = None
 
     @property
     def forward_reduction(self) -> float:
@@ -94,6 +106,12 @@ def flops(
         interval = intervals.get(row.param) if row.param is not None else None
         sparse_train += rigl_step_flops(f_s, f_d, interval) if interval else TRAIN_FACTOR * f_s
     dense_params, sparse_params = _params(sm)
+    uncounted, partial = _uncounted(sm)
+    if uncounted:
+        logger.warning(
+            "sparsefx.flops: the count is partial: %d node(s) could not be costed (%s): %s",
+            len(uncounted), ", ".join(uncounted[:5]) + (", ..." if len(uncounted) > 5 else ""), partial,
+        )
     return FlopReport(
         dense_fwd,
         sparse_fwd,
@@ -102,7 +120,23 @@ def flops(
         dense_params,
         sparse_params,
         (sympy.simplify(dense_expr), sympy.simplify(sparse_expr)),
+        uncounted,
+        partial,
     )
+
+
+def _uncounted(sm: SparseModel) -> tuple[tuple[str, ...], str | None]:
+    """The nodes count-flops could not cost, over every graph, and why shapes were missing."""
+    names: list[str] = []
+    reasons: list[str] = []
+    for path, gm in sm.graphs.items():
+        missing = gm.meta.get(UNCOUNTED, ())
+        if not missing:
+            continue
+        names += [f"{path}:{name}" if path else name for name in missing]
+        shapes = gm.meta.get(SHAPES, "not propagated")
+        reasons.append(f"graph {path!r}: shapes {shapes}" if path else f"shapes {shapes}")
+    return tuple(names), "; ".join(reasons) or None
 
 
 def rigl_step_flops(f_s: int, f_d: int, interval: int) -> Fraction:
@@ -157,8 +191,7 @@ def _recount(sm: SparseModel, args: tuple, kwargs: dict, symbolic: bool) -> None
     else:
         inputs = _record_graph_inputs(sm, args, kwargs)
     for path, gm in sm.graphs.items():
-        PropagateShapes(inputs.get(path), symbolic=symbolic)(gm)
-        CountFlops()(gm)
+        PassManager([PropagateShapes(inputs.get(path), symbolic=symbolic), CountFlops()], label=path)(gm)
 
 
 def _record_graph_inputs(sm: SparseModel, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -24,9 +24,10 @@ from .model import SparseModel
 from .passes.count_flops import CountFlops
 from .passes.insert_masks import InsertMasks
 from .passes.manager import PassManager
+from .passes.meta import INPUT_ERROR
 from .passes.rewrite_sparse_ops import RewriteSparseOps
 from .passes.select_params import SelectSparseParams
-from .passes.shape_prop import INPUT_ERROR, PropagateShapes
+from .passes.shape_prop import PropagateShapes
 from .shell import private_copy, private_tree, rehome
 from .sparse.build import build_algorithm
 from .sparse.select import resolve_plan

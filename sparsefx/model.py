@@ -27,6 +27,7 @@ from .dispatch import CapturedModule, Variant, captured_modules
 from .masks import mask_name
 from .op_table import WEIGHT_ARG
 from .passes.count_flops import NodeFlops, mask_nnz
+from .passes.meta import FLOPS, SYMBOL_VALUES
 from .shell import move_extras
 
 __all__ = ["SparseModel", "ParamReport"]
@@ -148,8 +149,8 @@ class SparseModel(nn.Module):
         """
         rows = []
         for path, gm in self.graphs.items():
-            env = gm.meta.get("sparsefx.symbol_values", {})
-            for row in gm.meta.get("sparsefx.flops", ()):
+            env = gm.meta.get(SYMBOL_VALUES, {})
+            for row in gm.meta.get(FLOPS, ()):
                 if row.param is not None and path:
                     row = dataclasses.replace(row, param=f"{path}.{row.param}")
                 rows.append((path, row, env))

@@ -155,6 +155,12 @@ def flop_table(report: FlopReport, title: str = "FLOPs and parameters") -> Table
         ("parameters", report.dense_params, report.sparse_params),
     ):
         table.add_row(label, f"{dense:,}", f"{sparse:,}", _reduction(dense, sparse))
+    uncounted = getattr(report, "uncounted", ())
+    if uncounted:
+        shown = ", ".join(uncounted[:5]) + (", ..." if len(uncounted) > 5 else "")
+        why = f" ({report.partial})" if getattr(report, "partial", None) else ""
+        table.caption = f"partial: {len(uncounted)} node(s) not counted: {shown}{why}"
+        table.caption_justify = "left"
     return table
 
 
