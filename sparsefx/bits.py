@@ -13,10 +13,13 @@ Inf at a pruned position cannot leak, and the result there is +0.0::
 The integer form of a mask costs 4 bytes per entry (float32), so it is cached only once a
 gradient selection asks for it (``cached_bits``); pruning alone uses a one-off copy
 (``bits_if_cached``). The cache is keyed by the mask's identity and checked against its version
-counter, which every in-place write to the mask moves.
+counter, which every in-place write to the mask moves. It is the one owner of a mask's integer
+form: a bound weight's gradient hook keeps the entry it last used (``cached_mask_bits``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -25,7 +28,9 @@ from .identity_map import IdentityMap
 
 __all__ = [
     "SAME_WIDTH_INT",
+    "MaskBits",
     "cached_bits",
+    "cached_mask_bits",
     "bits_if_cached",
     "and_bits",
     "select",
@@ -40,7 +45,31 @@ SAME_WIDTH_INT: dict[torch.dtype, torch.dtype] = {
     torch.float32: torch.int32,
     torch.float64: torch.int64,
 }
-_BITS_CACHE: IdentityMap[tuple[int, torch.dtype, Tensor]] = IdentityMap()  # by identity, not value
+
+
+class MaskBits(NamedTuple):
+    """A mask's integer form: ``tensor`` (0/-1 of ``dtype``), valid while the mask's version is
+    ``mask_version``."""
+
+    mask_version: int
+    dtype: torch.dtype
+    tensor: Tensor
+
+
+_BITS_CACHE: IdentityMap[MaskBits] = IdentityMap()  # keyed by the mask's identity, not its value
+
+
+def cached_mask_bits(mask: Tensor, dtype: torch.dtype) -> MaskBits:
+    """The cache's entry for ``mask`` as 0/-1 integers of ``dtype``, made when missing or stale.
+
+    >>> cached_mask_bits(torch.tensor([True, False]), torch.int32).tensor
+    tensor([-1,  0], dtype=torch.int32)
+    """
+    cached = _BITS_CACHE.get(mask)
+    if cached is not None and cached.mask_version == mask._version and cached.dtype == dtype:
+        return cached
+    cached = _BITS_CACHE[mask] = MaskBits(mask._version, dtype, mask.to(dtype).neg_())
+    return cached
 
 
 def cached_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -50,11 +79,9 @@ def cached_bits(mask: Tensor, dtype: torch.dtype) -> Tensor:
     tensor([-1,  0], dtype=torch.int32)
     """
     cached = _BITS_CACHE.get(mask)
-    if cached is not None and cached[0] == mask._version and cached[1] == dtype:
-        return cached[2]
-    bits = mask.to(dtype).neg_()
-    _BITS_CACHE[mask] = (mask._version, dtype, bits)
-    return bits
+    if cached is not None and cached.mask_version == mask._version and cached.dtype == dtype:
+        return cached.tensor
+    return cached_mask_bits(mask, dtype).tensor
 
 
 def bits_if_cached(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -64,8 +91,8 @@ def bits_if_cached(mask: Tensor, dtype: torch.dtype) -> Tensor:
     first gradient selection builds the cache that training reuses.
     """
     cached = _BITS_CACHE.get(mask)
-    if cached is not None and cached[0] == mask._version and cached[1] == dtype:
-        return cached[2]
+    if cached is not None and cached.mask_version == mask._version and cached.dtype == dtype:
+        return cached.tensor
     return mask.to(dtype).neg_()
 
 

@@ -10,7 +10,10 @@ version are those recorded the last time it was zeroed.
 The binding's gradient hook selects each gradient (in place when the graph's op computed it
 into a tensor nothing else holds) and remembers the storage and version of what it returned, so
 that a later optimizer step can tell, without a pass over the data, that ``.grad`` is still that
-selected gradient. ``sparsefx.step_trust`` uses that to keep weights clean across optimizer steps.
+selected gradient. ``sparsefx.step_trust`` uses that to keep weights clean across optimizer steps;
+it depends on this module, not the other way: it asks ``watch_bindings`` to hear when the first
+weight is bound and when the last binding goes. Importing this module registers ``use_bound`` as
+``sparsefx.ops``' fast path, so the graph vocabulary never imports the training machinery.
 
     >>> w, m = torch.nn.Parameter(torch.ones(4)), torch.tensor([True, False, True, False])
     >>> handle = bind_weight(w, {"w_mask": m}, "w_mask")
@@ -36,10 +39,19 @@ import torch
 from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
-from .bits import SAME_WIDTH_INT, and_bits, cached_bits, prune_
+from .bits import SAME_WIDTH_INT, MaskBits, and_bits, cached_mask_bits, prune_
 from .identity_map import IdentityMap
+from .ops import register_fast_path
 
-__all__ = ["Binding", "bind_weight", "binding_of", "use_bound", "is_clean", "generation"]
+__all__ = [
+    "Binding",
+    "bind_weight",
+    "binding_of",
+    "use_bound",
+    "is_clean",
+    "generation",
+    "watch_bindings",
+]
 
 
 class Binding:
@@ -52,10 +64,12 @@ class Binding:
         "clean_mask",
         "weight_version",
         "mask_version",
-        "grad_record",
-        "bits",
+        "grad_storage",
+        "grad_version",
+        "grad_mask",
+        "grad_mask_version",
+        "mask_bits",
         "bits_mask",
-        "bits_version",
         "grad_dtype",
         "capture",
         "handle",
@@ -67,12 +81,17 @@ class Binding:
         self.clean_mask: Tensor | None = None
         self.weight_version = -1
         self.mask_version = -1
-        # (storage of the gradient the hook returned, its version, the mask it used, that mask's version)
-        self.grad_record: tuple[weakref.ref[Any], int, Tensor, int] | None = None
-        self.bits: Tensor | None = None  # the mask's integer form (shared with sparsefx.bits' cache)
+        # What the hook last returned: a weak reference to its storage (None: nothing known), its
+        # version, the mask it used and that mask's version (see ``grad_clean``).
+        self.grad_storage: weakref.ref[Any] | None = None
+        self.grad_version = -1
+        self.grad_mask: Tensor | None = None
+        self.grad_mask_version = -1
+        # sparsefx.bits' cache entry for ``bits_mask`` (the one owner of a mask's integer form; the
+        # binding keeps the entry it last used, and the float dtype it used it for)
+        self.mask_bits: MaskBits | None = None
         self.bits_mask: Tensor | None = None
-        self.bits_version = -1
-        self.grad_dtype: torch.dtype | None = None  # the dtype ``bits`` was made for
+        self.grad_dtype: torch.dtype | None = None
         self.capture: Callable[[Tensor], None] | None = None  # sees the dense gradient first (RigL)
         self.handle: RemovableHandle | None = None  # its gradient hook, removed when rebound
 
@@ -106,14 +125,14 @@ class Binding:
         if self.capture is not None:
             self.capture(grad)  # before the select, which may work in place
         mask = self.buffers[self.key]
-        bits = self.bits
+        bits = self.mask_bits
         # The common case first, in as few Python operations as possible: the cached bits match the
         # mask and the gradient's dtype (so it is a float of a width bits.py handles), and the
         # gradient is a plain strided tensor outside any graph.
         if (
             bits is None
             or self.bits_mask is not mask
-            or self.bits_version != mask._version
+            or bits.mask_version != mask._version
             or grad.dtype is not self.grad_dtype
             or grad.requires_grad
             or grad.layout is not torch.strided
@@ -121,23 +140,26 @@ class Binding:
         ):
             bits = self._bits_for(grad, mask)
             if bits is None:
-                self.grad_record = None
+                self.grad_storage = None
                 return torch.where(mask, grad, 0.0)  # differentiable under create_graph=True
         if self.fresh:
-            grad.view(bits.dtype).bitwise_and_(bits)
+            grad.view(bits.dtype).bitwise_and_(bits.tensor)
         else:
-            grad = and_bits(grad, bits)
-        self.grad_record = (weakref.ref(grad.untyped_storage()), grad._version, mask, mask._version)
+            grad = and_bits(grad, bits.tensor)
+        self.grad_storage = weakref.ref(grad.untyped_storage())
+        self.grad_version = grad._version
+        self.grad_mask = mask
+        self.grad_mask_version = mask._version
         return grad
 
-    def _bits_for(self, grad: Tensor, mask: Tensor) -> Tensor | None:
+    def _bits_for(self, grad: Tensor, mask: Tensor) -> MaskBits | None:
         """The integer form of ``mask`` for ``grad``, or None when ``grad`` needs ``where``."""
         bits_dtype = SAME_WIDTH_INT.get(grad.dtype)
         if grad.requires_grad or bits_dtype is None or grad.layout != torch.strided or grad.is_meta:
             return None
-        self.bits = cached_bits(mask, bits_dtype)
-        self.bits_mask, self.bits_version, self.grad_dtype = mask, mask._version, grad.dtype
-        return self.bits
+        self.mask_bits = cached_mask_bits(mask, bits_dtype)
+        self.bits_mask, self.grad_dtype = mask, grad.dtype
+        return self.mask_bits
 
     def grad_clean(self, grad: Tensor, mask: Tensor) -> bool:
         """Is ``grad`` (a ``.grad``) the gradient this hook last selected with ``mask``, unwritten since?
@@ -147,18 +169,38 @@ class Binding:
         accumulation into an existing ``.grad``, a later hook that returns another tensor or
         writes this one, an assignment to ``.grad``, shows as another storage or version.
         """
-        record = self.grad_record
+        storage = self.grad_storage
         return (
-            record is not None
-            and record[0]() is grad.untyped_storage()
-            and record[1] == grad._version
-            and record[2] is mask
-            and record[3] == mask._version
+            storage is not None
+            and storage() is grad.untyped_storage()
+            and self.grad_version == grad._version
+            and self.grad_mask is mask
+            and self.grad_mask_version == mask._version
         )
 
 
-_BOUND: IdentityMap[Binding] = IdentityMap()
+# Told True when the first weight is bound, False when the last binding goes (``watch_bindings``).
+_WATCHERS: list[Callable[[bool], None]] = []
+
+
+def _last_binding_gone() -> None:
+    for watcher in _WATCHERS:
+        watcher(False)
+
+
+_BOUND: IdentityMap[Binding] = IdentityMap(on_empty=_last_binding_gone)
 _GENERATION = [0]  # moves on every (un)binding, so per-optimizer caches of bound weights refresh
+
+
+def watch_bindings(watcher: Callable[[bool], None]) -> None:
+    """Call ``watcher(True)`` whenever the first weight is bound, ``watcher(False)`` whenever the
+    last binding goes (unbound, or its weight collected); at once with True if any weight is bound.
+
+    ``sparsefx.step_trust`` installs its optimizer-step hooks this way, only while they can matter.
+    """
+    _WATCHERS.append(watcher)
+    if len(_BOUND):
+        watcher(True)
 
 
 def bind_weight(
@@ -180,10 +222,11 @@ def bind_weight(
     previous = _BOUND.get(weight)
     if previous is not None and previous.handle is not None:
         previous.handle.remove()  # one selecting hook per weight: the newest binding's
+    first = not len(_BOUND)
     _BOUND[weight] = binding
-    from .step_trust import install_step_hooks  # step_trust imports this module
-
-    install_step_hooks()
+    if first:
+        for watcher in _WATCHERS:
+            watcher(True)
     binding.handle = weight.register_hook(binding.select_grad)
     return binding.handle
 
@@ -216,3 +259,6 @@ def is_clean(weight: Tensor, mask: Tensor) -> bool:
     """Is ``weight`` bound and known to be zero where ``mask`` is False?"""
     binding = _BOUND.get(weight)
     return binding is not None and binding.is_clean(weight, mask)
+
+
+register_fast_path(use_bound)

@@ -17,6 +17,7 @@ forward and backward; this costs one dict lookup and one weakref call, a few tim
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 __all__ = ["IdentityMap"]
@@ -25,10 +26,20 @@ V = TypeVar("V")
 
 
 class IdentityMap(Generic[V]):
-    """Map objects (by identity, not equality) to values; an entry goes when its key is collected."""
+    """Map objects (by identity, not equality) to values; an entry goes when its key is collected.
 
-    def __init__(self) -> None:
+    ``on_empty`` is called whenever the last entry goes (popped or collected)::
+
+        >>> m = IdentityMap(on_empty=lambda: print("empty"))
+        >>> t = torch.zeros(1)
+        >>> m[t] = 1
+        >>> del t
+        empty
+    """
+
+    def __init__(self, on_empty: Callable[[], None] | None = None) -> None:
         self._entries: dict[int, tuple[weakref.ref[Any], V]] = {}
+        self._on_empty = on_empty
 
     def get(self, key: object, default: V | None = None) -> V | None:
         entry = self._entries.get(id(key))
@@ -48,12 +59,14 @@ class IdentityMap(Generic[V]):
 
     def __setitem__(self, key: object, value: V) -> None:
         slot = id(key)
-        entries = self._entries
+        entries, on_empty = self._entries, self._on_empty
 
         def drop(ref: weakref.ref[Any]) -> None:
             current = entries.get(slot)
             if current is not None and current[0] is ref:
                 del entries[slot]
+                if not entries and on_empty is not None:
+                    on_empty()
 
         self._entries[slot] = (weakref.ref(key, drop), value)
 
@@ -62,6 +75,8 @@ class IdentityMap(Generic[V]):
         if entry is None or entry[0]() is not key:
             return default
         del self._entries[id(key)]
+        if not self._entries and self._on_empty is not None:
+            self._on_empty()
         return entry[1]
 
     def __len__(self) -> int:

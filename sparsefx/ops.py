@@ -13,7 +13,7 @@ multiply) means NaN or Inf stored at pruned positions cannot leak into outputs, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .bits import SAME_WIDTH_INT, and_bits, cached_bits, prune_, select, select_, tracing
-from .bound import use_bound
 
 __all__ = [
     "apply_mask",
@@ -34,7 +33,22 @@ __all__ = [
     "masked_conv1d",
     "masked_conv2d",
     "masked_module_call",
+    "register_fast_path",
 ]
+
+# ``sparsefx.bound.use_bound`` once that module is imported (any binding imports it): the graph
+# vocabulary does not import the training machinery, which registers itself here.
+_bound_fast_path: Callable[[Tensor, Tensor], bool] | None = None
+
+
+def register_fast_path(fn: Callable[[Tensor, Tensor], bool] | None) -> None:
+    """Let ``apply_mask`` return ``weight`` itself whenever ``fn(weight, mask)`` says True.
+
+    ``fn`` promises that ``weight`` is zero where ``mask`` is False and that its gradient gets
+    selected (``sparsefx.bound`` registers ``use_bound``); ``None`` clears the slot.
+    """
+    global _bound_fast_path
+    _bound_fast_path = fn
 
 
 def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
@@ -51,9 +65,11 @@ def apply_mask(weight: Tensor, mask: Tensor) -> Tensor:
       mask, forward and backward. It is a true select (NaN at a pruned position cannot leak), and on
       CPU several times faster than ``where`` on a bool mask.
     """
-    if not torch.compiler.is_compiling() and use_bound(
-        weight, mask
-    ):  # a fake or traced tensor is never bound
+    if (
+        not torch.compiler.is_compiling()  # a fake or traced tensor is never bound
+        and (fast_path := _bound_fast_path) is not None
+        and fast_path(weight, mask)
+    ):
         return weight
     bits_dtype = SAME_WIDTH_INT.get(weight.dtype)
     if bits_dtype is None or weight.is_meta:

@@ -20,6 +20,9 @@ the weight as it was: the next forward zeroes it, one pass, which is always corr
 
 A sparsity algorithm applied to the optimizer asks ``trusted_states`` and ``settle_step`` so that
 it masks state and re-prunes weights only where the chain of trust is broken.
+
+The hooks are installed while any weight is bound (``sparsefx.bound.watch_bindings``) and removed
+when the last binding goes (``step_hooks_installed``).
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from torch import Tensor
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from .bits import prune_
-from .bound import Binding, binding_of, generation
+from .bound import Binding, binding_of, generation, watch_bindings
 
 __all__ = [
     "ELEMENTWISE_OPTIMIZERS",
     "install_step_hooks",
+    "remove_step_hooks",
+    "step_hooks_installed",
     "note_state_masked",
     "settle_step",
     "state_tensors",
@@ -53,11 +58,28 @@ ELEMENTWISE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
     torch.optim.RMSprop,
 )
 
-# One step's view of a bound weight: (weight, binding, mask, state known clean before the step).
-_Pending = tuple[Tensor, Binding, Tensor, bool]
-# A weight's state as last recorded clean:
-# (mask, mask version, number of state entries, ((key, weakref to tensor, version), ...)).
-_StateRecord = tuple[Tensor, int, int, tuple[tuple[str, Any, int], ...]]
+
+class _Member:
+    """A bound weight an optimizer updates, and the step in flight's view of it (reused every step)."""
+
+    __slots__ = ("weight", "binding", "key", "mask", "state_clean")
+
+    def __init__(self, weight: Tensor, binding: Binding) -> None:
+        self.weight, self.binding, self.key = weight, binding, id(weight)
+        self.mask: Tensor | None = None  # the mask the step in flight was checked against
+        self.state_clean = False  # the weight's state was known clean before that step
+
+
+class _StateRecord:
+    """A weight's optimizer state as last recorded clean (updated in place after each clean step)."""
+
+    __slots__ = ("mask", "mask_version", "size", "tensors")
+
+    def __init__(self) -> None:
+        self.mask: Tensor | None = None  # the mask, and its version, the state was clean for
+        self.mask_version = -1
+        self.size = -1  # the number of state entries
+        self.tensors: tuple[tuple[str, Any, int], ...] = ()  # (key, weak reference, version) per tensor
 
 
 class _Tracker:
@@ -68,17 +90,17 @@ class _Tracker:
     def __init__(self) -> None:
         self.generation = -1
         self.count = -1
-        self.members: list[tuple[Tensor, Binding]] = []
+        self.members: list[_Member] = []
         self.records: dict[int, _StateRecord] = {}  # id(weight) -> state known clean after a step
-        self.pending: dict[int, _Pending] | None = None  # the step in flight
+        self.pending: list[_Member] | None = None  # the step in flight
         self.masked: set[int] = set()  # weights whose state the algorithm masked for this step
 
-    def refresh_members(self, optimizer: torch.optim.Optimizer) -> list[tuple[Tensor, Binding]]:
+    def refresh_members(self, optimizer: torch.optim.Optimizer) -> list[_Member]:
         """The bound weights ``optimizer`` updates, with their bindings (cached until either changes)."""
         count = sum(len(g["params"]) for g in optimizer.param_groups)
         if self.generation != generation() or self.count != count:
             self.members = [
-                (p, b)
+                _Member(p, b)
                 for g in optimizer.param_groups
                 for p in g["params"]
                 if (b := binding_of(p)) is not None
@@ -113,24 +135,32 @@ def trusted_states(optimizer: torch.optim.Optimizer) -> set[int]:
     """
     tracker = _TRACKERS.get(optimizer)
     pending = tracker.pending if tracker is not None else None
-    return {key for key, entry in pending.items() if entry[3]} if pending else set()
+    return {member.key for member in pending if member.state_clean} if pending else set()
 
 
 def _state_clean(state: dict[str, Any] | None, mask: Tensor, record: _StateRecord | None) -> bool:
     if not state:
         return True  # created by this step, from a clean gradient
-    if record is None or record[0] is not mask or record[1] != mask._version or record[2] != len(state):
+    if (
+        record is None
+        or record.mask is not mask
+        or record.mask_version != mask._version
+        or record.size != len(state)
+    ):
         return False
-    for key, ref, version in record[3]:
+    for key, ref, version in record.tensors:
         value = state.get(key)
         if value is None or ref() is not value or value._version != version:
             return False
     return True
 
 
-def _state_record(state: dict[str, Any] | None, mask: Tensor, old: _StateRecord | None) -> _StateRecord:
-    """The record of ``weight``'s state after a clean step; reuses ``old``'s references when it can."""
-    refs = {key: ref for key, ref, _ in old[3]} if old is not None else {}
+def _state_record(state: dict[str, Any] | None, mask: Tensor, record: _StateRecord | None) -> _StateRecord:
+    """``record`` (or a new one) updated to ``weight``'s state after a clean step; reuses its
+    references when it can."""
+    if record is None:
+        record = _StateRecord()
+    refs = {key: ref for key, ref, _ in record.tensors}
     entries = []
     state = state or {}
     for key, value in state.items():
@@ -140,7 +170,9 @@ def _state_record(state: dict[str, Any] | None, mask: Tensor, old: _StateRecord 
         if ref is None or ref() is not value:
             ref = weakref.ref(value)
         entries.append((key, ref, value._version))
-    return mask, mask._version, len(state), tuple(entries)
+    record.mask, record.mask_version = mask, mask._version
+    record.size, record.tensors = len(state), tuple(entries)
+    return record
 
 
 def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
@@ -153,19 +185,22 @@ def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         tracker = _TRACKERS[optimizer] = _Tracker()
     tracker.masked.clear()
     records, state = tracker.records, optimizer.state
-    pending: dict[int, _Pending] = {}
-    for weight, binding in tracker.refresh_members(optimizer):
+    pending: list[_Member] = []
+    for member in tracker.refresh_members(optimizer):
+        weight = member.weight
         grad = weight.grad
         if grad is None:
             continue  # the step leaves this weight alone
+        binding = member.binding
         mask = binding.buffers[binding.key]
         binding.ensure_clean(weight, mask)
         if not binding.grad_clean(grad, mask):
             if grad.requires_grad or grad.layout != torch.strided:
                 continue
             prune_(grad, mask)
-        key = id(weight)
-        pending[key] = (weight, binding, mask, _state_clean(state.get(weight), mask, records.get(key)))
+        member.mask = mask
+        member.state_clean = _state_clean(state.get(weight), mask, records.get(member.key))
+        pending.append(member)
     tracker.pending = pending
 
 
@@ -180,11 +215,13 @@ def settle_step(optimizer: torch.optim.Optimizer) -> None:
         return
     pending, tracker.pending = tracker.pending, None
     masked, records, state = tracker.masked, tracker.records, optimizer.state
-    for key, (weight, binding, mask, state_clean) in pending.items():
+    for member in pending:
+        binding, mask, key = member.binding, member.mask, member.key
         same_mask = (
             binding.mask() is mask and binding.clean_mask is mask and binding.mask_version == mask._version
         )
-        if same_mask and (state_clean or key in masked):
+        if same_mask and (member.state_clean or key in masked):
+            weight = member.weight
             binding.set_clean(weight, mask)
             records[key] = _state_record(state.get(weight), mask, records.get(key))
         else:
@@ -196,11 +233,33 @@ def _after_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
     settle_step(optimizer)
 
 
-_HOOKS: list[Any] = []
+_HOOKS: list[Any] = []  # the handles of the global hooks while they are installed
 
 
 def install_step_hooks() -> None:
-    """Register the global optimizer-step hooks once per process."""
+    """Register the global optimizer-step hooks, unless they are installed already."""
     if not _HOOKS:
         _HOOKS.append(register_optimizer_step_pre_hook(_before_step))
         _HOOKS.append(register_optimizer_step_post_hook(_after_step))
+
+
+def remove_step_hooks() -> None:
+    """Remove the global optimizer-step hooks (done when the last binding goes)."""
+    while _HOOKS:
+        _HOOKS.pop().remove()
+
+
+def step_hooks_installed() -> bool:
+    """Are the global optimizer-step hooks installed? They are while any weight is bound: from
+    the first ``bind_weight`` until the last bound weight is unbound or collected."""
+    return bool(_HOOKS)
+
+
+def _bindings_changed(any_bound: bool) -> None:
+    if any_bound:
+        install_step_hooks()
+    else:
+        remove_step_hooks()
+
+
+watch_bindings(_bindings_changed)
