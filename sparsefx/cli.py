@@ -303,6 +303,8 @@ def inspect_data(sm: SparseModel, spec: ModelSpec) -> dict[str, Any]:
             "sparse_forward": str(report.forward_expr[1]),
         },
         "symbols": symbols,
+        "uncounted": list(report.uncounted),
+        "partial": report.partial,
         "sparsity": [
             {"name": r.name, "target": r.target, "actual": r.actual, "nnz": r.nnz, "numel": r.numel}
             for r in sm.sparsity_report()
@@ -359,7 +361,8 @@ def _print_inspect(console: rich.console.Console, sm: SparseModel, data: dict, s
     if not fits(table, console.width):
         table = _node_table(data, compact=True)
     console.print(table)
-    console.print(flop_table(_report(data["totals"]), title="totals per call on the example inputs"))
+    report = _report(data["totals"], data.get("uncounted", ()), data.get("partial"))
+    console.print(flop_table(report, title="totals per call on the example inputs"))
     symbols = ", ".join(f"{k}={v}" for k, v in data["symbols"].items()) or "no symbols"
     exprs = data["expressions"]
     console.print(
@@ -400,8 +403,8 @@ def _node_table(data: dict, compact: bool) -> Table:
     return table
 
 
-def _report(totals: dict[str, int]) -> sparsefx.FlopReport:
-    return sparsefx.FlopReport(**totals)
+def _report(totals: dict[str, int], uncounted: Any = (), partial: str | None = None) -> sparsefx.FlopReport:
+    return sparsefx.FlopReport(**totals, uncounted=tuple(uncounted), partial=partial)
 
 
 # ---------------------------------------------------------------------------------------------------------
