@@ -178,6 +178,8 @@ def _state_record(state: dict[str, Any] | None, mask: Tensor, record: _StateReco
 def _before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
     """Make every bound weight the step will update clean, and its gradient; note whose state is
     known clean."""
+    global _IN_STEP
+    _IN_STEP = True
     if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
         return
     tracker = _TRACKERS.get(optimizer)
@@ -230,10 +232,16 @@ def settle_step(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _after_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+    global _IN_STEP
     settle_step(optimizer)
+    _IN_STEP = False
 
 
 _HOOKS: list[Any] = []  # the handles of the global hooks while they are installed
+# Between the global pre-hook and the global post-hook of a step: torch is iterating its dicts of
+# global hooks, which removing ours would break (the last bound weight can be collected by a
+# garbage collection inside any hook).
+_IN_STEP = False
 
 
 def install_step_hooks() -> None:
@@ -258,8 +266,10 @@ def step_hooks_installed() -> bool:
 def _bindings_changed(any_bound: bool) -> None:
     if any_bound:
         install_step_hooks()
-    else:
+    elif not _IN_STEP:
         remove_step_hooks()
+    # else the last binding went during a step: the hooks stay, doing nothing as no weight is
+    # bound, until a binding goes again outside a step
 
 
 watch_bindings(_bindings_changed)

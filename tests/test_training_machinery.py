@@ -88,3 +88,39 @@ def test_step_hooks_live_while_a_weight_is_bound() -> None:
         "True 0.0",
         "(False, 0, 0)",
     ]
+
+
+def test_the_last_binding_collected_during_a_step_leaves_the_step_intact() -> None:
+    out = _run(
+        """
+        import gc
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        from sparsefx import bound, step_trust
+
+        class Cycle:
+            pass
+
+        gc.disable()  # until the hook collects
+        w = torch.nn.Parameter(torch.ones(4))
+        bound.bind_weight(w, {"m": torch.tensor([True, False, True, False])}, "m")
+        c = Cycle()
+        c.self, c.w = c, w  # collected only by a garbage collection
+        del w, c
+
+        def collect(*_):
+            gc.collect()  # inside torch's loop over the global pre-hooks
+
+        register_optimizer_step_pre_hook(collect)
+        register_optimizer_step_pre_hook(lambda *_: None)  # so that torch's loop goes on after it
+        v = torch.nn.Parameter(torch.ones(2))
+        v.grad = torch.full((2,), 2.0)
+        torch.optim.SGD([v], lr=0.5).step()
+        print(v.data.tolist(), len(bound._BOUND), step_trust.step_hooks_installed())
+        w = torch.nn.Parameter(torch.ones(4))
+        bound.bind_weight(w, {"m": torch.tensor([True, False, True, False])}, "m")
+        bound.bind_weight(w, None)
+        print(step_trust.step_hooks_installed())  # removed once a binding goes outside a step
+        """
+    )
+    assert out.splitlines() == ["[0.0, 0.0] 0 True", "False"]
