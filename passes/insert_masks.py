@@ -7,6 +7,8 @@ modules shared with the user's model are replaced by shallow copies that hold th
 objects, so the user's model gains no buffers. A mask that already exists is kept: running the pass
 twice changes nothing::
 
+    >>> from sparsefx.config import load_config
+    >>> from sparsefx.passes.select_params import SelectSparseParams
     >>> gm = fx.symbolic_trace(torch.nn.Linear(4, 4))
     >>> plan = load_config(0.5).resolve(gm.named_parameters())
     >>> gm = SelectSparseParams(plan)(gm).graph_module
@@ -21,14 +23,12 @@ from typing import ClassVar
 
 from torch import fx, nn
 
-from sparsefx.config import load_config  # noqa: F401  (doctest)
 from sparsefx.masks import has_mask, mask_name, owner_and_attr
 from sparsefx.shell import PRIVATE, private_copy
 from sparsefx.sparse.make_masks import make_masks
 
 from .manager import PassResult
 from .meta import SELECTED
-from .select_params import SelectSparseParams  # noqa: F401  (doctest)
 
 __all__ = ["InsertMasks", "own_module"]
 

@@ -4,6 +4,7 @@ Build a model, compile it with static sparsity, check that the compiled model eq
 run with ``weight * mask``, train it with AdamW on a small synthetic task, check that pruned weights
 stayed exactly zero, and report FLOPs and parameters dense versus sparse::
 
+    >>> import io
     >>> r = run_demo("mlp", sparsity=0.5, steps=3, console=rich.console.Console(file=io.StringIO()))
     >>> r.max_abs_diff <= 1e-5, r.pruned_stay_zero, r.masks_unchanged
     (True, True, True)
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io  # noqa: F401  (doctest)
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass

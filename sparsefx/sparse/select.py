@@ -3,6 +3,7 @@
 ``requires_dense = True`` on a module keeps that module's own parameters dense; weights of embedding
 modules stay dense under the default filter whatever they are called (GPT-2's ``wte``)::
 
+    >>> from sparsefx.config import load_config
     >>> m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4))
     >>> sorted(resolve_plan(load_config(0.5), m).sparse)
     ['1.weight']
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config import SparsityConfig, SparsityPlan, load_config  # noqa: F401  (load_config: doctest)
+from ..config import SparsityConfig, SparsityPlan
 
 __all__ = ["resolve_plan", "dense_modules", "embedding_weights", "tied_aliases"]
 
