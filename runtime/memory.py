@@ -1,0 +1,98 @@
+"""Bytes of SRAM each PE of a kernel needs: its share of the kernel's arrays plus its working buffers.
+
+Rows of a value stream through a kernel ``rows_in_flight`` at a time (double buffering: 2), so a PE
+holds its lanes' features of that many rows per operand, not the whole activation. What stays
+resident is a kernel's own data: a sparse matmul's nonzeros, a table, a norm's weights, a constant,
+the second operand of an activation matmul. ``pe_bytes`` gives ``[region.pes]`` int64 bytes, region
+PEs in row-major order::
+
+    >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
+    >>> from sparsefx.runtime.program import Region, Stream
+    >>> k = Kernel("r", "elementwise", Region(0, 0, 1, 2), ("x",), (4, 6), "float32", attrs={"lanes": 2})
+    >>> p = DataflowProgram(MeshSpec(2, 2), HardwareSpec(), "pipelined", "block", kernels=[k])
+    >>> p.inputs.append(Stream("x", (4, 6), "float32"))
+    >>> pe_bytes(p, k).tolist()  # 2 rows x 3 features x 4 bytes x (1 input + 1 output)
+    [48, 48]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
+
+__all__ = ["pe_bytes", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
+
+ROWS_IN_FLIGHT = 2
+ACC_BYTES = 4  # partial sums accumulate in fp32
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name."""
+    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+def features_of(shape: tuple[int, ...], split: int) -> int:
+    """Features of a value viewed as ``[rows, features]`` from dim ``split`` on."""
+    return math.prod(shape[split:]) if shape else 1
+
+
+def _lane_widths(features: int, kernel: Kernel) -> torch.Tensor:
+    """Features per PE row of the region (lane ``r`` is the region's row ``r``)."""
+    lanes = kernel.region.height
+    b = lane_bounds(features, lanes)
+    return b[1:] - b[:-1]
+
+
+def _per_pe_rows(widths: torch.Tensor, kernel: Kernel) -> torch.Tensor:
+    return widths.repeat_interleave(kernel.region.width)
+
+
+def _streaming_buffers(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+    """Rows in flight of every operand and of the result, at each PE's lane width."""
+    rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
+    total = torch.zeros(kernel.region.pes, dtype=torch.int64)
+    split = int(kernel.attrs.get("split", max(len(kernel.shape) - 1, 0)))
+    shapes = [program.value(v) for v in kernel.inputs] + [program.value(kernel.name)]
+    for value in shapes:
+        s = min(split, max(len(value.shape) - 1, 0))
+        widths = _lane_widths(features_of(value.shape, s), kernel)
+        total += _per_pe_rows(widths, kernel) * rif * itemsize(value.dtype)
+    return total
+
+
+def _resident(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+    """Arrays a kernel keeps whole, spread evenly over its PEs (tables, weights, constants)."""
+    total = sum(program.specs[name].nbytes for name in kernel.arrays.values())
+    n = kernel.region.pes
+    share = torch.full((n,), total // n, dtype=torch.int64)
+    share[: total % n] += 1
+    return share
+
+
+def _sparse(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+    nz_ptr = program.array(kernel, "nz_ptr").to(torch.int64)
+    nnz = nz_ptr[1:] - nz_ptr[:-1]
+    width = kernel.region.width
+    in_widths = _per_pe_rows(_lane_widths(int(kernel.attrs["in_features"]), kernel), kernel)
+    out_span = (program.array(kernel, "out_hi") - program.array(kernel, "out_lo")).to(torch.int64)
+    value_bytes = itemsize(program.specs[kernel.arrays["values"]].dtype)
+    index_bytes = itemsize(program.specs[kernel.arrays["row_idx"]].dtype)
+    ptr_bytes = torch.where(nnz < 2**15, 2, 4)  # local column offsets: 16-bit where they fit
+    rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
+    total = nnz * (value_bytes + index_bytes) + (in_widths + 1) * ptr_bytes
+    total += out_span * rif * ACC_BYTES + in_widths * rif * value_bytes
+    if "bias" in kernel.arrays:  # the east column adds the bias of its row's output lanes
+        out_widths = _lane_widths(int(kernel.attrs["out_features"]), kernel)
+        east = torch.arange(kernel.region.height) * width + width - 1
+        total[east] += out_widths * value_bytes
+    return total
+
+
+def pe_bytes(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+    """``[region.pes]`` bytes of SRAM each of ``kernel``'s PEs needs (row-major in its region)."""
+    if kernel.op == "sparse_matmul":
+        return _sparse(program, kernel)
+    return _resident(program, kernel) + _streaming_buffers(program, kernel)

@@ -1,0 +1,84 @@
+"""Routes as straight runs of router entries, and their expansion to one ``(pe, rx, tx)`` entry per PE.
+
+A route carries one value on one color. It is stored as runs: a run is a straight line of PEs from
+``(x0, y0)`` in direction ``dir`` for ``length`` PEs. On a run, every PE receives from the PE before
+it and transmits to the PE after it, except that the first PE receives on ``rx_first`` and the last
+transmits on ``tx_last``; PEs at positions ``[tap_lo, tap_hi)`` also deliver to their core
+(``RAMP`` in tx), and PEs at ``[inj_lo, inj_hi)`` also take data from their core (``RAMP`` in rx).
+Runs keep a 757x996 mesh's routes small: one run per lane, not one entry per PE. ``expand`` gives
+the per-PE router entries the verifier and the executors read::
+
+    >>> runs = torch.tensor([[0, 0, int(Dir.E), 3, int(Dir.RAMP), int(Dir.RAMP), 2, 3, 0, 0]])
+    >>> pe, rx, tx = expand(runs, MeshSpec(4, 1))
+    >>> pe.tolist(), [Dir.format(b) for b in rx], [Dir.format(b) for b in tx]
+    ([0, 1, 2], ['RAMP', 'W', 'W'], ['E', 'E', 'RAMP'])
+
+Off-mesh ends: a run that starts on the mesh edge with ``rx_first`` pointing off the mesh receives
+from the host; one whose ``tx_last`` points off the mesh sends to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mesh import Dir, MeshSpec
+
+__all__ = ["RUN_FIELDS", "run", "expand", "run_pes"]
+
+RUN_FIELDS = ("x0", "y0", "dir", "length", "rx_first", "tx_last", "tap_lo", "tap_hi", "inj_lo", "inj_hi")
+"""Columns of a runs table (``int32``, one row per run)."""
+
+_DX = {0: 0, int(Dir.N): 0, int(Dir.S): 0, int(Dir.E): 1, int(Dir.W): -1}
+_DY = {0: 0, int(Dir.N): -1, int(Dir.S): 1, int(Dir.E): 0, int(Dir.W): 0}
+_OPP = {0: 0, int(Dir.N): int(Dir.S), int(Dir.S): int(Dir.N), int(Dir.E): int(Dir.W), int(Dir.W): int(Dir.E)}
+
+
+def run(
+    x0: int,
+    y0: int,
+    direction: Dir | int,
+    length: int,
+    *,
+    rx_first: Dir | int,
+    tx_last: Dir | int,
+    taps: tuple[int, int] = (0, 0),
+    injects: tuple[int, int] = (0, 0),
+) -> list[int]:
+    """One row of a runs table; ``taps`` and ``injects`` are ``[lo, hi)`` positions along the run."""
+    return [x0, y0, int(direction), length, int(rx_first), int(tx_last), *taps, *injects]
+
+
+def _lookup(table: dict[int, int], keys: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(keys)
+    for k, v in table.items():
+        out = torch.where(keys == k, torch.full_like(keys, v), out)
+    return out
+
+
+def run_pes(runs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, y, run index, position)`` of every PE on every run, in run order (no mesh check)."""
+    runs = runs.to(torch.int64).reshape(-1, len(RUN_FIELDS))
+    lengths = runs[:, 3].clamp(min=0)
+    which = torch.repeat_interleave(torch.arange(len(runs)), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    pos = torch.arange(int(lengths.sum())) - starts[which]
+    d = runs[which, 2]
+    x = runs[which, 0] + _lookup(_DX, d) * pos
+    y = runs[which, 1] + _lookup(_DY, d) * pos
+    return x, y, which, pos
+
+
+def expand(runs: torch.Tensor, mesh: MeshSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(pe index, rx bits, tx bits)`` per PE on the runs; PEs off the mesh get index -1."""
+    runs64 = runs.to(torch.int64).reshape(-1, len(RUN_FIELDS))
+    x, y, which, pos = run_pes(runs64)
+    r = runs64[which]
+    d, length = r[:, 2], r[:, 3]
+    ramp = int(Dir.RAMP)
+    rx = torch.where(pos == 0, r[:, 4], _lookup(_OPP, d))
+    rx = rx | torch.where((pos >= r[:, 8]) & (pos < r[:, 9]), ramp, 0)
+    tx = torch.where(pos == length - 1, r[:, 5], d)
+    tx = tx | torch.where((pos >= r[:, 6]) & (pos < r[:, 7]), ramp, 0)
+    on = (x >= 0) & (x < mesh.width) & (y >= 0) & (y < mesh.height)
+    pe = torch.where(on, y * mesh.width + x, torch.full_like(x, -1))
+    return pe, rx, tx
