@@ -1,0 +1,202 @@
+"""Walk a captured graph on example inputs and turn each node into kernels through ``rules.RULES``.
+
+The walk runs the graph (eval mode, no grad) node by node, so every value has its concrete shape and
+dtype. A node that depends on no program input (shape arithmetic, ``arange``, causal masks, parameters)
+folds to its concrete value; a data node goes to its rule. What the graph returns becomes the
+program's outputs and ``output_tree`` (plain JSON data that rebuilds the model's output structure)::
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> walk = walk_graph(gm, (torch.ones(2, 3),), {})
+    >>> [(p.name, p.op) for p in walk.builder.pending], walk.outputs, walk.output_tree
+    ([('_0', 'elementwise')], ['_0'], {'type': 'tensor', 'index': 0})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx import _pytree as fx_pytree
+from torch.utils import _pytree as pytree
+
+from sparsefx.errors import LoweringError
+
+from .builder import Builder, Ref
+from .op_names import canonical_function, canonical_method, canonical_module
+from .rules import RULES, Call
+
+__all__ = ["Walk", "walk_graph", "SHAPE_OPS"]
+
+SHAPE_OPS = frozenset({"size", "dim", "numel", "getattr", "sym_size", "sym_numel", "sym_stride", "stride"})
+"""Ops whose result is known from shapes alone: always folded, even on data values."""
+
+
+@dataclass
+class Walk:
+    """What walking a graph gives: the kernels, the output value names and the output structure."""
+
+    builder: Builder
+    outputs: list[str]
+    output_tree: Any
+
+
+def _flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
+    codegen = gm.graph._codegen
+    in_spec = getattr(getattr(codegen, "pytree_info", None), "in_spec", None)
+    if in_spec is not None:
+        return list(fx_pytree.tree_flatten_spec((args, kwargs), in_spec))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bound = inspect.signature(gm.forward).bind(*args, **kwargs)
+    values = []
+    for i, n in enumerate(placeholders):
+        name = str(n.target).lstrip("*")
+        if name in bound.arguments:
+            values.append(bound.arguments[name])
+        elif i < len(args):
+            values.append(args[i])
+        elif n.args:
+            values.append(n.args[0])
+        else:
+            raise LoweringError(f"no example input for the graph's input {name!r}")
+    return values
+
+
+def _op_name(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any]:
+    if node.op == "call_function":
+        return canonical_function(node.target), None
+    if node.op == "call_method":
+        return canonical_method(str(node.target)), None
+    module = gm.get_submodule(str(node.target))
+    name = canonical_module(module)
+    if name is None:
+        raise LoweringError(
+            f"cannot lower node {node.format_node()}: leaf module {node.target!r} of class "
+            f"{type(module).__name__} has no lowering rule"
+        )
+    return name, module
+
+
+def _has_ref(value: Any) -> bool:
+    return any(isinstance(leaf, Ref) for leaf in pytree.tree_leaves(value))
+
+
+def walk_graph(gm: fx.GraphModule, args: tuple, kwargs: dict) -> Walk:
+    """Lower every node of ``gm`` called with ``args``/``kwargs``; see the module docstring."""
+    b = Builder()
+    interp = fx.Interpreter(gm, garbage_collect_values=False)
+    interp.args_iter = iter(_flat_inputs(gm, args, kwargs))
+    low: dict[fx.Node, Any] = {}
+    output = None
+    with torch.no_grad():
+        for node in gm.graph.nodes:
+            b.source = node.format_node() or node.name
+            if node.op == "output":
+                output = node
+                break
+            real = interp.run_node(node)
+            interp.env[node] = real
+            if node.op == "placeholder":
+                low[node] = b.input(node.name, real) if isinstance(real, torch.Tensor) else real
+                continue
+            if node.op == "get_attr":
+                low[node] = real
+                continue
+            largs = fx.node.map_arg(node.args, lambda n: low[n])
+            lkwargs = fx.node.map_arg(node.kwargs, lambda n: low[n])
+            name, module = _op_name(gm, node)
+            if name in SHAPE_OPS or not _has_ref((largs, lkwargs)):
+                low[node] = real
+                continue
+            rule = RULES.get(name)
+            if rule is None:
+                raise LoweringError(
+                    f"cannot lower node {node.format_node()}: op {name!r} has no lowering rule; "
+                    f"ops with rules: {', '.join(sorted(RULES))}"
+                )
+            low[node] = rule(b, Call(name, node, tuple(largs), dict(lkwargs), real, module))
+    if output is None:
+        raise LoweringError("the graph has no output node")
+    outputs: list[str] = []
+    value = fx.node.map_arg(output.args[0], lambda n: low[n])
+    spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
+    if spec is not None:
+        leaves = iter(pytree.tree_leaves(value))
+        tree = _from_spec(b, spec, leaves, outputs)
+    else:
+        tree = _tree(b, value, outputs)
+    _drop_dead(b, outputs)
+    return Walk(b, outputs, tree)
+
+
+def _leaf(b: Builder, value: Any, outputs: list[str]) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = b.const(value, "output_const")
+    if isinstance(value, Ref):
+        outputs.append(value.name)
+        return {"type": "tensor", "index": len(outputs) - 1}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"type": "const", "value": value}
+    raise LoweringError(f"the model returns a {type(value).__name__}, which a program cannot output")
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _tree(b: Builder, value: Any, outputs: list[str]) -> Any:
+    if isinstance(value, (Ref, torch.Tensor)):
+        return _leaf(b, value, outputs)
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return {
+            "type": type(value).__name__ if type(value) in (list, tuple) else "tuple",
+            "items": [_tree(b, v, outputs) for v in value],
+        }
+    if isinstance(value, dict):
+        keys = list(value)
+        return {"type": "dict", "keys": keys, "items": [_tree(b, value[k], outputs) for k in keys]}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        keys = [f.name for f in dataclasses.fields(value)]
+        return {
+            "type": "dataclass",
+            "class": _class_name(type(value)),
+            "keys": keys,
+            "items": [_tree(b, getattr(value, k), outputs) for k in keys],
+        }
+    return _leaf(b, value, outputs)
+
+
+def _from_spec(b: Builder, spec: Any, leaves: Any, outputs: list[str]) -> Any:
+    if spec.is_leaf():
+        return _leaf(b, next(leaves), outputs)
+    items = [_from_spec(b, child, leaves, outputs) for child in spec.children_specs]
+    if spec.type in (tuple, list):
+        return {"type": spec.type.__name__, "items": items}
+    if spec.type is dict:
+        return {"type": "dict", "keys": list(spec.context), "items": items}
+    context = spec.context
+    keys = (
+        list(context)
+        if isinstance(context, (list, tuple)) and all(isinstance(k, str) for k in context)
+        else None
+    )
+    if (
+        keys is None
+        and isinstance(context, (list, tuple))
+        and len(context) == 2
+        and isinstance(context[1], list)
+    ):
+        keys = [str(k) for k in context[1]]
+    return {"type": "dataclass", "class": _class_name(spec.type), "keys": keys or [], "items": items}
+
+
+def _drop_dead(b: Builder, outputs: list[str]) -> None:
+    """Remove kernels nothing reaches the outputs from (unused split pieces, dead constants)."""
+    live = set(outputs)
+    for p in reversed(b.pending):
+        if p.name in live:
+            live.update(p.inputs)
+    b.pending = [p for p in b.pending if p.name in live]

@@ -1,0 +1,589 @@
+"""Lowering rules: one small function per canonical op name (``op_names.py``), in one table.
+
+A rule gets a ``Call`` (the node, its arguments with data values as ``Ref``s, its concrete result)
+and emits kernels through the ``Builder``. ``RULES`` maps each op name to its rule; a name that is
+missing is a ``LoweringError`` naming the op and the node, never a silently dropped op::
+
+    >>> sorted(RULES)[:4]
+    ['abs', 'adaptive_avg_pool2d', 'add', 'addmm']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from sparsefx.errors import LoweringError
+from sparsefx.op_table import MASKED
+
+from .builder import Builder, Ref, SparseWeight
+
+__all__ = ["Call", "RULES", "ELEMENTWISE", "IDENTITY"]
+
+_NO = object()
+
+
+@dataclass
+class Call:
+    """One node to lower: canonical ``name``, lowered ``args``/``kwargs``, concrete ``out``."""
+
+    name: str
+    node: fx.Node
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: Any
+    module: nn.Module | None = None
+
+    def arg(self, i: int, key: str, default: Any = _NO) -> Any:
+        """Argument ``i`` positionally or ``key`` by keyword, else ``default``."""
+        if i < len(self.args):
+            return self.args[i]
+        if key in self.kwargs:
+            return self.kwargs[key]
+        if default is _NO:
+            raise self.error(f"has no argument {key!r}")
+        return default
+
+    def error(self, why: str) -> LoweringError:
+        """A ``LoweringError`` naming this node and its op."""
+        return LoweringError(f"cannot lower node {self.node.format_node()} (op {self.name!r}): {why}")
+
+
+Rule = Callable[[Builder, Call], Any]
+RULES: dict[str, Rule] = {}
+
+ELEMENTWISE = (
+    "relu", "gelu", "tanh", "sigmoid", "silu", "neg", "exp", "log", "sqrt", "rsqrt", "abs", "erf",
+    "reciprocal", "sin", "cos", "add", "sub", "rsub", "mul", "div", "pow", "maximum", "minimum",
+    "where", "masked_fill", "to", "type_as", "float", "half", "bfloat16", "eq", "ne", "lt", "le", "gt",
+    "ge", "logical_not", "logical_and", "logical_or", "bitwise_not", "clamp", "square",
+)  # fmt: skip
+"""Ops lowered to one ``elementwise`` kernel: tensors become inputs, scalars stay in ``attrs``."""
+
+IDENTITY = ("identity", "dropout", "contiguous", "detach")
+"""Ops that are the identity on a model in eval mode: the value passes through, no kernel."""
+
+
+def _rule(*names: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for name in names:
+            RULES[name] = fn
+        return fn
+
+    return register
+
+
+def _ref(b: Builder, value: Any, name: str) -> Ref:
+    """A data operand: a ``Ref`` as is; a constant tensor becomes a ``constant`` kernel."""
+    if isinstance(value, Ref):
+        return value
+    if isinstance(value, torch.Tensor):
+        return b.const(value, f"{name}_const")
+    raise LoweringError(f"{b.source}: operand {value!r} is not a tensor")
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able form of a scalar argument (dtypes by name)."""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    raise LoweringError(f"{value!r} ({type(value).__name__}) cannot be a kernel attribute")
+
+
+@_rule(*ELEMENTWISE)
+def _elementwise(b: Builder, c: Call) -> Ref:
+    operands, inputs = [], []
+    for i, a in enumerate(c.args):
+        if isinstance(a, (Ref, torch.Tensor)) and (isinstance(a, Ref) or a.dim() > 0):
+            inputs.append(_ref(b, a, f"{c.node.name}_arg{i}"))
+            operands.append({"in": len(inputs) - 1})
+        elif isinstance(a, torch.Tensor):
+            operands.append({"scalar": a.item()})
+        else:
+            operands.append({"scalar": _plain(a)})
+    if c.name in ("type_as",):
+        operands = operands[:1]
+        inputs = inputs[:1]
+    kwargs = {k: _plain(v) for k, v in c.kwargs.items() if not isinstance(v, (Ref, torch.Tensor))}
+    for k, v in c.kwargs.items():
+        if isinstance(v, (Ref, torch.Tensor)):
+            inputs.append(_ref(b, v, f"{c.node.name}_{k}"))
+            kwargs[k] = {"in": len(inputs) - 1}
+    if c.module is not None and c.name == "gelu":
+        kwargs["approximate"] = c.module.approximate
+    fn = {"to": "cast", "type_as": "cast", "float": "cast", "half": "cast", "bfloat16": "cast"}.get(
+        c.name, c.name
+    )
+    attrs = {"fn": fn, "args": operands, "kwargs": kwargs}
+    if fn == "cast":
+        attrs["kwargs"] = {"dtype": _plain(c.out.dtype)}
+    return b.emit(c.node.name, "elementwise", inputs, c.out, attrs)
+
+
+@_rule(*IDENTITY)
+def _identity(b: Builder, c: Call) -> Any:
+    if c.name == "dropout" and c.module is None:
+        training = c.arg(2, "train", c.kwargs.get("training", False))
+        if training is True and c.node.target is not torch.nn.functional.dropout:
+            raise c.error("dropout in training mode cannot be lowered; lower the model in eval mode")
+    return c.args[0]
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+@_rule("view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as")
+def _reshape(b: Builder, c: Call) -> Ref:
+    x = _ref(b, c.args[0], c.node.name)
+    return b.emit(c.node.name, "layout", [x], c.out, {"fn": "reshape", "shape": list(c.out.shape)})
+
+
+@_rule("expand", "expand_as", "broadcast_to")
+def _expand(b: Builder, c: Call) -> Ref:
+    x = _ref(b, c.args[0], c.node.name)
+    return b.emit(c.node.name, "layout", [x], c.out, {"fn": "expand", "shape": list(c.out.shape)})
+
+
+@_rule("permute", "transpose", "t", "swapaxes")
+def _permute(b: Builder, c: Call) -> Ref:
+    x = _ref(b, c.args[0], c.node.name)
+    ndim = len(b.shape(x))
+    if c.name == "permute":
+        dims = c.args[1:] if len(c.args) > 2 or isinstance(c.arg(1, "dims"), int) else c.arg(1, "dims")
+        dims = [_dim(int(d), ndim) for d in dims]
+    else:
+        dims = list(range(ndim))
+        a, z = (0, 1) if c.name == "t" else (_dim(c.arg(1, "dim0"), ndim), _dim(c.arg(2, "dim1"), ndim))
+        dims[a], dims[z] = dims[z], dims[a]
+    return b.emit(c.node.name, "layout", [x], c.out, {"fn": "permute", "dims": dims})
+
+
+def _slice(b: Builder, x: Ref, name: str, dim: int, start: int, end: int, out: torch.Tensor) -> Ref:
+    return b.emit(
+        name, "layout", [x], out, {"fn": "slice", "dim": dim, "start": start, "end": end, "step": 1}
+    )
+
+
+@_rule("slice", "narrow")
+def _slice_rule(b: Builder, c: Call) -> Ref:
+    x = _ref(b, c.args[0], c.node.name)
+    shape = b.shape(x)
+    dim = _dim(c.arg(1, "dim", 0), len(shape))
+    if c.name == "narrow":
+        start = c.arg(2, "start")
+        start, end, step = _dim(start, shape[dim]), _dim(start, shape[dim]) + c.arg(3, "length"), 1
+    else:
+        start, end, step = (c.arg(2, "start", None), c.arg(3, "end", None), c.arg(4, "step", 1))
+        start, end, _ = slice(start, end, step).indices(shape[dim])
+    attrs = {"fn": "slice", "dim": dim, "start": start, "end": max(end, start), "step": step}
+    return b.emit(c.node.name, "layout", [x], c.out, attrs)
+
+
+@_rule("select")
+def _select(b: Builder, c: Call) -> Ref:
+    x = _ref(b, c.args[0], c.node.name)
+    shape = b.shape(x)
+    dim = _dim(c.arg(1, "dim"), len(shape))
+    index = _dim(c.arg(2, "index"), shape[dim])
+    return b.emit(c.node.name, "layout", [x], c.out, {"fn": "select", "dim": dim, "index": index})
+
+
+@_rule("split", "chunk", "unbind", "tensor_split")
+def _split(b: Builder, c: Call) -> list[Ref]:
+    x = _ref(b, c.args[0], c.node.name)
+    ndim = len(b.shape(x))
+    default_dim = 0
+    dim = _dim(c.arg(2, "dim", default_dim) if c.name != "unbind" else c.arg(1, "dim", 0), ndim)
+    outs, start = [], 0
+    for i, piece in enumerate(c.out):
+        size = piece.shape[dim] if c.name != "unbind" else 1
+        name = f"{c.node.name}_{i}"
+        if c.name == "unbind":
+            outs.append(b.emit(name, "layout", [x], piece, {"fn": "select", "dim": dim, "index": i}))
+        else:
+            outs.append(_slice(b, x, name, dim, start, start + size, piece))
+        start += size
+    return outs
+
+
+@_rule("getitem")
+def _getitem(b: Builder, c: Call) -> Any:
+    base, index = c.args[0], c.args[1]
+    if isinstance(base, (list, tuple)):
+        return base[index]
+    if isinstance(base, dict):
+        return base[index]
+    if not isinstance(base, Ref):
+        raise c.error(f"indexes a {type(base).__name__}")
+    items = index if isinstance(index, tuple) else (index,)
+    spec = []
+    for item in items:
+        if item is None:
+            spec.append({"none": True})
+        elif item is Ellipsis:
+            spec.append({"ellipsis": True})
+        elif isinstance(item, (bool, Ref, torch.Tensor, list)):
+            raise c.error("advanced (tensor or list) indexing cannot be lowered; only ints and slices")
+        elif isinstance(item, int):
+            spec.append({"int": item})
+        elif isinstance(item, slice):
+            spec.append({"slice": [item.start, item.stop, item.step]})
+        else:
+            raise c.error(f"index {item!r} cannot be lowered")
+    return b.emit(c.node.name, "layout", [base], c.out, {"fn": "index", "index": spec})
+
+
+@_rule("cat", "concat", "concatenate", "stack")
+def _cat(b: Builder, c: Call) -> Ref:
+    tensors = list(c.arg(0, "tensors"))
+    refs = [_ref(b, t, f"{c.node.name}_in{i}") for i, t in enumerate(tensors)]
+    ndim = c.out.dim()
+    dim = _dim(c.arg(1, "dim", 0), ndim)
+    return b.emit(
+        c.node.name, "layout", refs, c.out, {"fn": c.name if c.name == "stack" else "cat", "dim": dim}
+    )
+
+
+@_rule("sum", "mean", "max_reduce", "amax")
+def _reduce(b: Builder, c: Call) -> Ref:
+    x = _ref(b, c.args[0], c.node.name)
+    ndim = len(b.shape(x))
+    dims = c.arg(1, "dim", None)
+    dims = list(range(ndim)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
+    keepdim = bool(c.arg(2, "keepdim", False))
+    fn = {"max_reduce": "amax"}.get(c.name, c.name)
+    attrs = {"fn": fn, "dims": [_dim(d, ndim) for d in dims], "keepdim": keepdim}
+    return b.emit(c.node.name, "reduce", [x], c.out, attrs)
+
+
+@_rule("softmax", "log_softmax")
+def _softmax(b: Builder, c: Call) -> Ref:
+    x = _ref(b, c.args[0], c.node.name)
+    dim = c.module.dim if c.module is not None else c.arg(1, "dim")
+    attrs = {"dim": _dim(dim, len(b.shape(x))), "log": c.name == "log_softmax"}
+    return b.emit(c.node.name, "softmax", [x], c.out, attrs)
+
+
+@_rule("layer_norm")
+def _layer_norm(b: Builder, c: Call) -> Any:
+    x = _ref(b, c.args[0], c.node.name)
+    if c.module is not None:
+        shape, weight, bias, eps = c.module.normalized_shape, c.module.weight, c.module.bias, c.module.eps
+    else:
+        shape, weight, bias = c.arg(1, "normalized_shape"), c.arg(2, "weight", None), c.arg(3, "bias", None)
+        eps = c.arg(4, "eps", 1e-5)
+    if isinstance(weight, Ref) or isinstance(bias, Ref):
+        raise c.error("a layer norm whose weight is computed by the model cannot be lowered")
+    payload = {k: v.detach() for k, v in (("weight", weight), ("bias", bias)) if v is not None}
+    out = c.out[0] if isinstance(c.out, tuple) else c.out
+    attrs = {"normalized_shape": list(shape), "eps": float(eps)}
+    ref = b.emit(c.node.name, "layer_norm", [x], out, attrs, payload=payload)
+    return (ref, None, None) if isinstance(c.out, tuple) else ref
+
+
+@_rule("embedding")
+def _embedding(b: Builder, c: Call) -> Ref:
+    if c.module is not None:
+        table, ids = c.module.weight, c.args[0]
+    elif isinstance(c.node.target, torch._ops.OpOverload):
+        table, ids = c.arg(0, "weight"), c.arg(1, "indices")
+    else:
+        ids, table = c.arg(0, "input"), c.arg(1, "weight")
+    if isinstance(table, Ref):
+        raise c.error("an embedding whose table is computed by the model cannot be lowered")
+    ids = _ref(b, ids, f"{c.node.name}_ids")
+    return b.emit(c.node.name, "embedding", [ids], c.out, {}, payload={"table": table.detach()})
+
+
+@_rule("batch_norm", "_native_batch_norm_legit_no_training")
+def _batch_norm(b: Builder, c: Call) -> Any:
+    x = _ref(b, c.args[0], c.node.name)
+    if c.module is not None:
+        m = c.module
+        mean, var, weight, bias, eps = m.running_mean, m.running_var, m.weight, m.bias, m.eps
+    elif c.name == "batch_norm":
+        mean, var = c.arg(1, "running_mean"), c.arg(2, "running_var")
+        weight, bias, eps = c.arg(3, "weight", None), c.arg(4, "bias", None), c.arg(7, "eps", 1e-5)
+    else:
+        weight, bias, mean, var = (
+            c.arg(i, k) for i, k in enumerate(("weight", "bias", "running_mean", "running_var"), 1)
+        )
+        eps = c.arg(6, "eps")
+    parts = {"mean": mean, "var": var, "weight": weight, "bias": bias}
+    if any(isinstance(v, Ref) for v in parts.values()) or mean is None:
+        raise c.error("batch norm needs running statistics held by the model (eval mode)")
+    payload = {k: v.detach() for k, v in parts.items() if v is not None}
+    out = c.out[0] if isinstance(c.out, tuple) else c.out
+    ref = b.emit(
+        c.node.name, "elementwise", [x], out, {"fn": "batch_norm", "eps": float(eps)}, payload=payload
+    )
+    return (ref, None, None) if isinstance(c.out, tuple) else ref
+
+
+def _pair(v: Any) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v]
+
+
+@_rule("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool2d_with_indices")
+def _pool(b: Builder, c: Call) -> Any:
+    x = _ref(b, c.args[0], c.node.name)
+    m = c.module
+    if c.name == "adaptive_avg_pool2d":
+        size = m.output_size if m is not None else c.arg(1, "output_size")
+        attrs = {"fn": "adaptive_avg", "output_size": list(c.out.shape[-2:])}
+        del size
+    else:
+        get = (lambda k, i, d: getattr(m, k)) if m is not None else (lambda k, i, d: c.arg(i, k, d))
+        kernel = _pair(get("kernel_size", 1, None))
+        stride = get("stride", 2, None) or kernel
+        attrs = {
+            "fn": "max" if c.name.startswith("max") else "avg",
+            "kernel_size": kernel,
+            "stride": _pair(stride),
+            "padding": _pair(get("padding", 3, 0)),
+            "ceil_mode": bool(get("ceil_mode", 5 if c.name.startswith("max") else 4, False)),
+        }
+        if attrs["fn"] == "max":
+            attrs["dilation"] = _pair(get("dilation", 4, 1))
+        else:
+            attrs["count_include_pad"] = bool(get("count_include_pad", 5, True))
+            if get("divisor_override", 6, None) is not None:
+                raise c.error("avg_pool2d with divisor_override cannot be lowered")
+    out = c.out[0] if isinstance(c.out, tuple) else c.out
+    ref = b.emit(c.node.name, "pool", [x], out, attrs)
+    return (ref, None) if isinstance(c.out, tuple) else ref
+
+
+def _matmul_kernel(b: Builder, c: Call, x: Ref, sw: SparseWeight, attrs: dict[str, Any]) -> Ref:
+    rows = math.prod(c.out.shape) // sw.weight.shape[0] if attrs["kind"] != "conv2d" else None
+    if rows is None:
+        rows = c.out.shape[0] * math.prod(c.out.shape[2:])
+    nnz = int(sw.mask.sum())
+    attrs = {
+        **attrs,
+        "in_features": int(sw.weight.shape[1]),
+        "out_features": int(sw.weight.shape[0]),
+        "rows": int(rows),
+        "param": sw.param,
+    }
+    return b.emit(c.node.name, "sparse_matmul", [x], c.out, attrs, sparse=sw, flops=2 * nnz * int(rows))
+
+
+def _param_name(c: Call, index: int) -> str:
+    arg = c.node.args[index] if index < len(c.node.args) else None
+    return str(arg.target) if isinstance(arg, fx.Node) and arg.op == "get_attr" else ""
+
+
+@_rule("masked_linear", "masked_addmm", "masked_matmul", "masked_conv1d", "masked_conv2d")
+def _masked(b: Builder, c: Call) -> Ref:
+    row = MASKED[c.node.target]
+    ops = row.operands(c.args)
+    if not isinstance(ops.input, Ref) or isinstance(ops.weight, Ref) or isinstance(ops.mask, Ref):
+        raise c.error("a masked op must read a model weight and a data input")
+    w, m = ops.weight.detach(), ops.mask
+    param = _param_name(c, row.weight_arg)
+    kind = row.kind
+    if kind in ("conv1d", "conv2d"):
+        return _conv(b, c, ops.input, w, m, ops.bias, ops.flags, kind, param)
+    weight_first = bool(ops.flags.get("weight_first", False))
+    if row.layout == "in_out" and not weight_first:
+        w, m = w.t(), m.t()
+    if w.dim() != 2:
+        raise c.error(f"a masked matmul weight of shape {list(w.shape)} is not a matrix")
+    attrs: dict[str, Any] = {"kind": kind}
+    if kind == "addmm":
+        attrs |= {"beta": _plain(ops.flags.get("beta", 1)), "alpha": _plain(ops.flags.get("alpha", 1))}
+    if weight_first:
+        raise c.error("weight @ input (weight_first) cannot be lowered yet; only input @ weight")
+    bias = None if isinstance(ops.bias, Ref) else ops.bias
+    if isinstance(ops.bias, Ref):
+        raise c.error("a bias computed by the model cannot be lowered")
+    return _matmul_kernel(b, c, ops.input, SparseWeight(w.contiguous(), m.contiguous(), bias, param), attrs)
+
+
+def _conv(
+    b: Builder,
+    c: Call,
+    x: Any,
+    w: torch.Tensor,
+    m: torch.Tensor,
+    bias: Any,
+    flags: dict,
+    kind: str,
+    param: str,
+) -> Ref:
+    groups = int(flags.get("groups", 1))
+    if groups != 1:  # a grouped convolution is the block-diagonal dense one; the mask keeps the blocks
+        w, m = _ungroup(w, groups), _ungroup(m, groups)
+    if isinstance(bias, Ref) or not isinstance(x, Ref):
+        raise c.error("a convolution must read a data input and model weights")
+    padding = flags.get("padding", 0)
+    if isinstance(padding, str):
+        raise c.error(f"padding={padding!r} cannot be lowered; give the padding as numbers")
+    attrs = {
+        "kind": kind,
+        "groups": groups,
+        "kernel_size": list(w.shape[2:]),
+        "stride": _plain(flags.get("stride", 1)),
+        "padding": _plain(padding),
+        "dilation": _plain(flags.get("dilation", 1)),
+    }
+    out_ch = w.shape[0]
+    sw = SparseWeight(w.reshape(out_ch, -1).contiguous(), m.reshape(out_ch, -1).contiguous(), bias, param)
+    if kind == "conv1d":
+        rows = c.out.shape[0] * c.out.shape[-1]
+        nnz = int(sw.mask.sum())
+        attrs |= {
+            "in_features": int(sw.weight.shape[1]),
+            "out_features": out_ch,
+            "rows": int(rows),
+            "param": param,
+        }
+        return b.emit(c.node.name, "sparse_matmul", [x], c.out, attrs, sparse=sw, flops=2 * nnz * int(rows))
+    return _matmul_kernel(b, c, x, sw, attrs)
+
+
+def _ungroup(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[out, in/groups, *k]`` -> ``[out, in, *k]``, zero (False) outside each group's channels."""
+    out, per = w.shape[0], w.shape[1]
+    full = torch.zeros((out, per * groups, *w.shape[2:]), dtype=w.dtype)
+    step = out // groups
+    for g in range(groups):
+        full[g * step : (g + 1) * step, g * per : (g + 1) * per] = w[g * step : (g + 1) * step]
+    return full
+
+
+def _dense(w: torch.Tensor) -> torch.Tensor:
+    return torch.ones(w.shape, dtype=torch.bool)
+
+
+@_rule("linear")
+def _linear(b: Builder, c: Call) -> Ref:
+    if c.module is not None:
+        x, w, bias = c.args[0], c.module.weight, c.module.bias
+    else:
+        x, w, bias = c.arg(0, "input"), c.arg(1, "weight"), c.arg(2, "bias", None)
+    if isinstance(w, Ref):
+        return _act_matmul(b, c, x, w, transpose_b=True, bias=bias)
+    if isinstance(bias, Ref):
+        raise c.error("a bias computed by the model cannot be lowered")
+    x = _ref(b, x, c.node.name)
+    param = c.node.target + ".weight" if c.module is not None else _param_name(c, 1)
+    sw = SparseWeight(w.detach(), _dense(w), None if bias is None else bias.detach(), param)
+    return _matmul_kernel(b, c, x, sw, {"kind": "linear"})
+
+
+@_rule("conv1d", "conv2d")
+def _dense_conv(b: Builder, c: Call) -> Ref:
+    m = c.module
+    if m is not None:
+        x, w, bias = c.args[0], m.weight, m.bias
+        flags = {"stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
+        param = c.node.target + ".weight"
+    else:
+        x, w, bias = c.arg(0, "input"), c.arg(1, "weight"), c.arg(2, "bias", None)
+        flags = {
+            k: c.arg(i, k, d)
+            for i, (k, d) in enumerate((("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)), 3)
+        }
+        param = _param_name(c, 1)
+    if isinstance(w, Ref):
+        raise c.error("a convolution whose weight is computed by the model cannot be lowered")
+    return _conv(b, c, x, w.detach(), _dense(w), bias, flags, c.name, param)
+
+
+@_rule("addmm")
+def _addmm(b: Builder, c: Call) -> Ref:
+    bias, x, w = c.arg(0, "input"), c.arg(1, "mat1"), c.arg(2, "mat2")
+    if isinstance(w, Ref) or isinstance(bias, Ref):
+        raise c.error("addmm with a computed weight or bias cannot be lowered")
+    x = _ref(b, x, c.node.name)
+    wt = w.detach().t().contiguous()
+    attrs = {"kind": "addmm", "beta": _plain(c.arg(3, "beta", 1)), "alpha": _plain(c.arg(4, "alpha", 1))}
+    return _matmul_kernel(b, c, x, SparseWeight(wt, _dense(wt), bias.detach(), _param_name(c, 2)), attrs)
+
+
+def _act_matmul(
+    b: Builder,
+    c: Call,
+    x: Any,
+    y: Any,
+    *,
+    transpose_b: bool = False,
+    bias: Any = None,
+    scale: float | None = None,
+    name: str | None = None,
+    out: Any = None,
+) -> Ref:
+    xr, yr = _ref(b, x, f"{c.node.name}_a"), _ref(b, y, f"{c.node.name}_b")
+    attrs: dict[str, Any] = {"transpose_b": transpose_b}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    inputs = [xr, yr]
+    if bias is not None:
+        inputs.append(_ref(b, bias, f"{c.node.name}_bias"))
+        attrs["bias"] = True
+    out = c.out if out is None else out
+    k = b.shape(xr)[-1]
+    return b.emit(name or c.node.name, "matmul", inputs, out, attrs, flops=2 * out.numel() * k)
+
+
+@_rule("matmul", "mm", "bmm")
+def _matmul(b: Builder, c: Call) -> Ref:
+    x, y = c.arg(0, "input"), c.arg(1, "other" if c.name == "matmul" else "mat2")
+    if isinstance(x, Ref) and isinstance(y, torch.Tensor) and y.dim() == 2:
+        x = _ref(b, x, c.node.name)
+        wt = y.detach().t().contiguous()
+        return _matmul_kernel(
+            b, c, x, SparseWeight(wt, _dense(wt), None, _param_name(c, 1)), {"kind": "matmul"}
+        )
+    return _act_matmul(b, c, x, y)
+
+
+@_rule("sdpa", "sdpa_flash")
+def _sdpa(b: Builder, c: Call) -> Any:
+    q, k, v = (_ref(b, c.arg(i, n), f"{c.node.name}_{n}") for i, n in enumerate(("query", "key", "value")))
+    mask = c.arg(3, "attn_mask", None) if c.name == "sdpa" else None
+    if c.arg(4, "dropout_p", 0.0) if c.name == "sdpa" else c.arg(3, "dropout_p", 0.0):
+        raise c.error("attention dropout must be 0 to lower (lower the model in eval mode)")
+    causal = bool(c.arg(5, "is_causal", False) if c.name == "sdpa" else c.arg(4, "is_causal", False))
+    scale = c.kwargs.get("scale")
+    qs, ks = b.shape(q), b.shape(k)
+    scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
+    out = c.out[0] if isinstance(c.out, tuple) else c.out
+    base = c.node.name
+    scores_shape = (*qs[:-1], ks[-2])
+    scores = torch.empty(scores_shape, dtype=out.dtype)
+    s = _act_matmul(b, c, q, k, transpose_b=True, scale=scale, name=f"{base}_scores", out=scores)
+    if causal:
+        L, S = qs[-2], ks[-2]
+        keep = torch.ones(L, S, dtype=torch.bool).tril(diagonal=0)
+        bias = torch.zeros(L, S, dtype=out.dtype).masked_fill(~keep, float("-inf"))
+        s = b.emit(
+            f"{base}_causal",
+            "elementwise",
+            [s, b.const(bias, f"{base}_causal_mask")],
+            scores,
+            {"fn": "add", "args": [{"in": 0}, {"in": 1}], "kwargs": {}},
+        )
+    if mask is not None:
+        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=out.dtype).masked_fill(~mask, float("-inf"))
+        m = _ref(b, mask, f"{base}_mask")
+        if b.values[m.name][1] == "bool":  # True attends: where(mask, scores, -inf)
+            attrs = {"fn": "where", "args": [{"in": 1}, {"in": 0}, {"scalar": float("-inf")}], "kwargs": {}}
+        else:
+            attrs = {"fn": "add", "args": [{"in": 0}, {"in": 1}], "kwargs": {}}
+        s = b.emit(f"{base}_masked", "elementwise", [s, m], scores, attrs)
+    p = b.emit(f"{base}_probs", "softmax", [s], scores, {"dim": len(scores_shape) - 1, "log": False})
+    ref = _act_matmul(b, c, p, v, name=base, out=out)
+    return (ref, *([None] * (len(c.out) - 1))) if isinstance(c.out, tuple) else ref
