@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import fx
 
-from sparsefx.errors import PassError, VerifyError
+from sparsefx.errors import LoweringError, PassError, VerifyError
 from sparsefx.masks import mask_problem, param_of
 
 __all__ = ["Pass", "PassResult", "PassManager", "NodeFailure", "fail", "attr_at"]
@@ -136,7 +136,7 @@ class PassManager:
             ) from exc
         except VerifyError as exc:
             raise PassError(f"{p.name} produced an invalid graph{where}: {exc}{ran}") from exc
-        except PassError:
+        except (PassError, LoweringError):  # a model lowering cannot take: the user's to read as is
             raise
         except Exception as exc:
             raise PassError(f"{p.name} failed{where}: {type(exc).__name__}: {exc}{ran}") from exc

@@ -140,6 +140,20 @@ class CapturedModule(nn.Module):
         variant = self._capture(key, args, kwargs, reason="shapes its graph cannot take", static=True)
         return variant.graph_module(*args, **kwargs)
 
+    def graph_for(self, args: tuple, kwargs: dict) -> Variant:
+        """The graph a call with these inputs runs in the current mode, captured now if there is none.
+
+        Call the module once with the same inputs first when its graph was exported with dynamic
+        shapes: a shape its guards reject is only found, and recaptured, by a call.
+        """
+        key = call_key(self.training, args, kwargs)
+        variant = self._variants.get(key)
+        if variant is None or key in self._shaped:
+            variant = self._lookup_shaped(key, args, kwargs) or variant
+        if variant is None:
+            variant = self._capture(key, args, kwargs, reason="a new kind of call")
+        return variant
+
     def _lookup_shaped(self, key: Key, args: tuple, kwargs: dict) -> Variant | None:
         by_shape = self._shaped.get(key)
         if by_shape is not None:

@@ -1,0 +1,195 @@
+"""The lowering steps, each a small pass over one ``LoweringState``, run by the ``PassManager``.
+
+``walk-graph`` turns nodes into pending kernels, ``size-regions`` gives each a region, ``place-data``
+writes every kernel's per-PE arrays (the sparse matmuls' CSC slices, growing a region whose PEs
+would overflow their SRAM), ``connect`` adds routes, colors and tasks, and ``verify-program``
+checks the result. The manager's text callback prints the program as far as it is built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+
+from sparsefx.errors import LoweringError
+from sparsefx.runtime.csc import imbalance
+from sparsefx.runtime.memory import pe_bytes
+from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
+from sparsefx.runtime.program import DataflowProgram, Kernel, Region
+
+from ..manager import PassResult
+from .builder import Pending
+from .connect import assign, internal_routes, tasks_for, value_routes
+from .interpret import walk_graph
+from .place import lanes_for, max_width, min_width, regions, work
+from .place_sparse import place_sparse
+
+__all__ = ["LoweringState", "WalkGraph", "SizeRegions", "PlaceData", "Connect", "VerifyProgram", "STEPS"]
+
+
+@dataclass
+class LoweringState:
+    """What the lowering steps share: the graph and example call, the target, and the program so far."""
+
+    graph: fx.GraphModule
+    args: tuple
+    kwargs: dict
+    mesh: MeshSpec
+    hardware: HardwareSpec
+    mode: str
+    placement: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    pending: list[Pending] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)
+    program: DataflowProgram | None = None
+
+
+def _text(state: LoweringState) -> str:
+    if state.program is not None:
+        return str(state.program)
+    return "\n".join(
+        f"{p.name} = {p.op}({', '.join(p.inputs)}) : {p.dtype}{list(p.shape)}" for p in state.pending
+    )
+
+
+@dataclass(frozen=True)
+class WalkGraph:
+    """Graph nodes -> pending kernels, program inputs and outputs."""
+
+    name: ClassVar[str] = "walk-graph"
+
+    def __call__(self, state: LoweringState) -> PassResult:
+        walk = walk_graph(state.graph, state.args, state.kwargs)
+        state.pending = walk.builder.pending
+        state.program = None
+        state.meta["walk"] = walk
+        return PassResult(state, True)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SizeRegions:
+    """Each kernel's width: what its data needs, plus a share of the rest by work (``place.py``)."""
+
+    name: ClassVar[str] = "size-regions"
+
+    def __call__(self, state: LoweringState) -> PassResult:
+        walk = state.meta["walk"]
+        lanes = lanes_for(state.pending, [s.shape for s in walk.builder.inputs], state.mesh)
+        sram = state.hardware.sram_bytes
+        state.meta["lanes"] = lanes
+        state.widths = [min_width(p, lanes, sram) for p in state.pending]
+        return PassResult(state, True)  # type: ignore[arg-type]
+
+
+def _kernel(p: Pending, region: Region) -> Kernel:
+    attrs = dict(p.attrs)
+    attrs["lanes"] = region.height
+    return Kernel(p.name, p.op, region, p.inputs, p.shape, p.dtype, attrs, source=p.source)
+
+
+@dataclass(frozen=True)
+class PlaceData:
+    """Regions and per-PE arrays; a kernel whose PEs would overflow SRAM gets more columns."""
+
+    name: ClassVar[str] = "place-data"
+    attempts: int = 6
+
+    def __call__(self, state: LoweringState) -> PassResult:
+        lanes = state.meta["lanes"]
+        works = [work(p) for p in state.pending]
+        caps = [max(w, max_width(p, lanes, state.mesh)) for p, w in zip(state.pending, state.widths)]
+        for _ in range(self.attempts):
+            regs = regions(state.widths, works, state.mesh, lanes, state.mode, caps)
+            program, grow = self._build(state, regs)
+            if not grow:
+                state.program = program
+                return PassResult(state, True)  # type: ignore[arg-type]
+            for i in grow:
+                state.widths[i] = min(state.mesh.width, math.ceil(regs[i].width * 1.5) + 1)
+                caps[i] = max(caps[i], state.widths[i])
+        raise LoweringError(
+            f"kernels {[state.pending[i].name for i in grow]} do not fit their SRAM after growing"
+        )
+
+    def _build(self, state: LoweringState, regs: list[Region]) -> tuple[DataflowProgram, list[int]]:
+        walk = state.meta["walk"]
+        p = DataflowProgram(state.mesh, state.hardware, state.mode, state.placement)
+        p.inputs = list(walk.builder.inputs)
+        p.outputs = list(walk.outputs)
+        p.output_tree = walk.output_tree
+        grow = []
+        for i, (pend, region) in enumerate(zip(state.pending, regs)):
+            k = _kernel(pend, region)
+            p.kernels.append(k)
+            _arrays(p, k, pend, state.placement)
+            need = pe_bytes(p, k) if k.region.pes else torch.zeros(1)
+            k.stats["sram_max"] = int(need.max())
+            if k.stats["sram_max"] > state.hardware.sram_bytes:
+                if region.width >= state.mesh.width:
+                    raise LoweringError(
+                        f"kernel {k.name!r} needs {k.stats['sram_max']} bytes on its busiest PE with all "
+                        f"{state.mesh.width} columns; a PE has {state.hardware.sram_bytes} bytes "
+                        f"({pend.source})"
+                    )
+                grow.append(i)
+        return p, grow
+
+
+def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str) -> None:
+    for role, tensor in pend.payload.items():
+        k.arrays[role] = p.add_array(f"{k.name}.{role}", tensor.reshape(-1) if tensor.dim() != 1 else tensor)
+        k.attrs.setdefault("shapes", {})[role] = list(tensor.shape)
+    k.stats["flops"] = pend.flops
+    if pend.sparse is None:
+        return
+    sw = pend.sparse
+    arrays = place_sparse(sw.weight, sw.mask, k.region.width, k.region.height, placement)
+    for role, tensor in arrays.items():
+        k.arrays[role] = p.add_array(f"{k.name}.{role}", tensor)
+    if sw.bias is not None:
+        k.arrays["bias"] = p.add_array(f"{k.name}.bias", sw.bias.detach().reshape(-1))
+    nnz = int(arrays["nz_ptr"][-1])
+    k.stats |= {
+        "nnz": nnz,
+        "dense": int(sw.weight.numel()),
+        "imbalance": round(imbalance(arrays["nz_ptr"]), 4),
+    }
+
+
+@dataclass(frozen=True)
+class Connect:
+    """Routes for every value and inside reducing kernels, their colors, and each kernel's tasks."""
+
+    name: ClassVar[str] = "connect"
+
+    def __call__(self, state: LoweringState) -> PassResult:
+        p = state.program
+        assert p is not None
+        inputs = {s.name: s.shape for s in p.inputs}
+        drafts = value_routes(p.kernels, inputs, p.outputs, p.mesh, state.meta["lanes"], p.mode)
+        drafts += internal_routes(p.kernels, p.mode)
+        p.routes, runs = assign(drafts, p.hardware.colors)
+        p.add_array("routes.runs", runs)
+        for k in p.kernels:
+            k.tasks = tasks_for(k, [r for r in p.routes if r.src == k.name or k.name in r.dsts])
+        return PassResult(state, True)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class VerifyProgram:
+    """``program.verify()``: a lowering bug surfaces here, naming the kernel and PE."""
+
+    name: ClassVar[str] = "verify-program"
+
+    def __call__(self, state: LoweringState) -> PassResult:
+        assert state.program is not None
+        state.program.verify()
+        return PassResult(state, False)  # type: ignore[arg-type]
+
+
+STEPS = (WalkGraph(), SizeRegions(), PlaceData(), Connect(), VerifyProgram())
+text = _text
