@@ -216,6 +216,15 @@ def _check_routes(p: DataflowProgram) -> None:
         off = (pe < 0).nonzero()
         if len(off):
             raise _fail(owner, f"route {route.name!r} leaves the {p.mesh} mesh")
+        sorted_pe = torch.sort(pe).values
+        twice = (sorted_pe[1:] == sorted_pe[:-1]).nonzero()
+        if len(twice):
+            at = int(sorted_pe[int(twice[0])])
+            raise _fail(
+                owner,
+                f"route {route.name!r} sets the router of PE ({at % p.mesh.width}, "
+                f"{at // p.mesh.width}) twice on color {route.color}",
+            )
         _check_hops(p, route, owner, pe, rx, tx)
         _check_ends(p, route, owner, pe, rx, tx)
         entries.append(

@@ -23,6 +23,7 @@ from torch import fx
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
+from sparsefx.capture import is_guard_check
 from sparsefx.errors import LoweringError
 
 from .builder import Builder, Ref
@@ -102,7 +103,7 @@ def walk_graph(gm: fx.GraphModule, args: tuple, kwargs: dict) -> Walk:
             if node.op == "placeholder":
                 low[node] = b.input(node.name, real) if isinstance(real, torch.Tensor) else real
                 continue
-            if node.op == "get_attr":
+            if node.op == "get_attr" or is_guard_check(node):
                 low[node] = real
                 continue
             largs = fx.node.map_arg(node.args, lambda n: low[n])
