@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .compiler import compile
     from .config import SparsityConfig, load_config
     from .model import SparseModel
+    from .runtime.text import parse_program
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,7 @@ __all__ = [
     "load_config",
     "SparsityConfig",
     "SparseModel",
+    "parse_program",
     "errors",
     "sparse",
     "SparseFXError",
@@ -65,6 +67,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load_config": (".config", "load_config"),
     "SparsityConfig": (".config", "SparsityConfig"),
     "SparseModel": (".model", "SparseModel"),
+    "parse_program": (".runtime.text", "parse_program"),
     "sparse": (".sparse", None),
 }
 
