@@ -205,67 +205,81 @@ def _check_csc(p: DataflowProgram, k: Kernel) -> None:
         raise _fail(k.name, f"row_idx of PE {k.region.coords(pe)} is not strictly increasing within a column")
 
 
+def _owner(route: Route) -> str:
+    return route.dsts[0] if route.src == "host" and route.dsts else route.src
+
+
 def _check_routes(p: DataflowProgram) -> None:
+    """Router entries of all routes at once: on the mesh, once per route, hops received, ends right."""
     if not p.routes:
         return
     runs = p.arrays["routes.runs"]
-    entries = []
-    for i, route in enumerate(p.routes):
-        pe, rx, tx = expand(runs[route.first : route.first + route.count], p.mesh)
-        owner = route.dsts[0] if route.src == "host" else route.src
-        off = (pe < 0).nonzero()
-        if len(off):
-            raise _fail(owner, f"route {route.name!r} leaves the {p.mesh} mesh")
-        sorted_pe = torch.sort(pe).values
-        twice = (sorted_pe[1:] == sorted_pe[:-1]).nonzero()
-        if len(twice):
-            at = int(sorted_pe[int(twice[0])])
-            raise _fail(
-                owner,
-                f"route {route.name!r} sets the router of PE ({at % p.mesh.width}, "
-                f"{at // p.mesh.width}) twice on color {route.color}",
-            )
-        _check_hops(p, route, owner, pe, rx, tx)
-        _check_ends(p, route, owner, pe, rx, tx)
-        entries.append(
-            torch.stack(
-                [
-                    torch.full_like(pe, route.step),
-                    torch.full_like(pe, route.color),
-                    pe,
-                    torch.full_like(pe, i),
-                ],
-                1,
-            )
+    counts = torch.tensor([r.count for r in p.routes], dtype=torch.int64)
+    run_route = torch.repeat_interleave(torch.arange(len(p.routes)), counts)
+    pe, rx, tx = expand(runs, p.mesh)
+    lengths = runs[:, 3].to(torch.int64).clamp(min=0)
+    route = torch.repeat_interleave(run_route, lengths)
+    off = (pe < 0).nonzero()
+    if len(off):
+        r = p.routes[int(route[int(off[0])])]
+        raise _fail(_owner(r), f"route {r.name!r} leaves the {p.mesh} mesh")
+    pes = p.mesh.pes
+    key = route * pes + pe
+    order = torch.argsort(key)
+    skey = key[order]
+    twice = (skey[1:] == skey[:-1]).nonzero()
+    if len(twice):
+        at, r = int(skey[int(twice[0])]) % pes, p.routes[int(skey[int(twice[0])]) // pes]
+        raise _fail(
+            _owner(r),
+            f"route {r.name!r} sets the router of PE ({at % p.mesh.width}, "
+            f"{at // p.mesh.width}) twice on color {r.color}",
         )
-    _check_conflicts(p, torch.cat(entries))
+    _check_hops(p, route, pe, tx, rx[order], skey)
+    bounds = torch.cumsum(
+        torch.zeros(len(p.routes), dtype=torch.int64).index_add_(0, route, torch.ones_like(route)), 0
+    )
+    start = 0
+    for i, r in enumerate(p.routes):
+        end = int(bounds[i])
+        _check_ends(p, r, _owner(r), pe[start:end], rx[start:end], tx[start:end])
+        start = end
+    steps = torch.tensor([r.step for r in p.routes], dtype=torch.int64)[route]
+    colors = torch.tensor([r.color for r in p.routes], dtype=torch.int64)[route]
+    _check_conflicts(p, torch.stack([steps, colors, pe, route], 1))
 
 
 def _check_hops(
-    p: DataflowProgram, route: Route, owner: str, pe: torch.Tensor, rx: torch.Tensor, tx: torch.Tensor
+    p: DataflowProgram,
+    route: torch.Tensor,
+    pe: torch.Tensor,
+    tx: torch.Tensor,
+    sorted_rx: torch.Tensor,
+    sorted_key: torch.Tensor,
 ) -> None:
-    width, height = p.mesh.width, p.mesh.height
+    """Every hop a PE sends is received by the neighbour's entry of the same route (or leaves to the host)."""
+    width, height, pes = p.mesh.width, p.mesh.height, p.mesh.pes
     x, y = pe % width, pe // width
-    rx_at = torch.zeros(p.mesh.pes, dtype=torch.int64)
-    on = torch.zeros(p.mesh.pes, dtype=torch.bool)
-    rx_at.index_put_((pe,), rx, accumulate=False)
-    on[pe] = True
+    to_host = torch.tensor(["host" in r.dsts for r in p.routes])[route]
     for d in (Dir.N, Dir.E, Dir.S, Dir.W):
         sends = (tx & int(d)) != 0
+        if not bool(sends.any()):
+            continue
         dx, dy = d.step
         nx, ny = x + dx, y + dy
         edge = (nx < 0) | (nx >= width) | (ny < 0) | (ny >= height)
-        off_ok = edge & (route.dsts == ("host",) or "host" in route.dsts)
-        inside = sends & ~edge
-        npe = (ny * width + nx).clamp(0, p.mesh.pes - 1)
-        lost = inside & (~on[npe] | ((rx_at[npe] & int(d.opposite)) == 0))
-        bad = (lost | (sends & edge & ~off_ok)).nonzero()
-        if len(bad):
-            j = int(bad[0])
+        want = route * pes + (ny * width + nx).clamp(0, pes - 1)
+        at = torch.searchsorted(sorted_key, want).clamp(max=len(sorted_key) - 1)
+        found = (sorted_key[at] == want) & ((sorted_rx[at] & int(d.opposite)) != 0)
+        bad = (sends & ~edge & ~found) | (sends & edge & ~to_host)
+        hit = bad.nonzero()
+        if len(hit):
+            j = int(hit[0])
+            r = p.routes[int(route[j])]
             raise _fail(
-                owner,
-                f"route {route.name!r} sends {d.name} from PE ({int(x[j])}, {int(y[j])}) "
-                f"on color {route.color}, but no PE of the route receives it there",
+                _owner(r),
+                f"route {r.name!r} sends {d.name} from PE ({int(x[j])}, {int(y[j])}) "
+                f"on color {r.color}, but no PE of the route receives it there",
             )
 
 

@@ -122,10 +122,11 @@ class PlaceData:
         p.outputs = list(walk.outputs)
         p.output_tree = walk.output_tree
         grow = []
+        cache = state.meta.setdefault("placed", {})  # (kernel, width, height) -> arrays, across attempts
         for i, (pend, region) in enumerate(zip(state.pending, regs)):
             k = _kernel(pend, region)
             p.kernels.append(k)
-            _arrays(p, k, pend, state.placement)
+            _arrays(p, k, pend, state.placement, cache.setdefault((i, region.width, region.height), {}))
             need = pe_bytes(p, k) if k.region.pes else torch.zeros(1)
             k.stats["sram_max"] = int(need.max())
             if k.stats["sram_max"] > state.hardware.sram_bytes:
@@ -139,7 +140,7 @@ class PlaceData:
         return p, grow
 
 
-def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str) -> None:
+def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed: dict) -> None:
     for role, tensor in pend.payload.items():
         k.arrays[role] = p.add_array(f"{k.name}.{role}", tensor.reshape(-1) if tensor.dim() != 1 else tensor)
         k.attrs.setdefault("shapes", {})[role] = list(tensor.shape)
@@ -147,7 +148,9 @@ def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str) -> Non
     if pend.sparse is None:
         return
     sw = pend.sparse
-    arrays = place_sparse(sw.weight, sw.mask, k.region.width, k.region.height, placement)
+    if not placed:
+        placed.update(place_sparse(sw.weight, sw.mask, k.region.width, k.region.height, placement))
+    arrays = placed
     for role, tensor in arrays.items():
         k.arrays[role] = p.add_array(f"{k.name}.{role}", tensor)
     if sw.bias is not None:
