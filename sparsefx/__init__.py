@@ -24,6 +24,7 @@ from .errors import (
     LoweringError,
     PassError,
     ProgramFormatError,
+    ProgramWriteError,
     SparseFXError,
     VerifyError,
 )
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .compiler import compile
     from .config import SparsityConfig, load_config
     from .model import SparseModel
+    from .runtime.archive import load_program
     from .runtime.text import parse_program
 
 __version__ = "0.1.0"
@@ -46,6 +48,7 @@ __all__ = [
     "SparsityConfig",
     "SparseModel",
     "parse_program",
+    "load_program",
     "errors",
     "sparse",
     "SparseFXError",
@@ -55,6 +58,7 @@ __all__ = [
     "LoweringError",
     "VerifyError",
     "ProgramFormatError",
+    "ProgramWriteError",
     "EmulationError",
     "CheckpointError",
 ]
@@ -68,6 +72,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SparsityConfig": (".config", "SparsityConfig"),
     "SparseModel": (".model", "SparseModel"),
     "parse_program": (".runtime.text", "parse_program"),
+    "load_program": (".runtime.archive", "load_program"),
     "sparse": (".sparse", None),
 }
 

@@ -18,6 +18,7 @@ __all__ = [
     "LoweringError",
     "VerifyError",
     "ProgramFormatError",
+    "ProgramWriteError",
     "EmulationError",
     "CheckpointError",
 ]
@@ -49,6 +50,10 @@ class VerifyError(SparseFXError):
 
 class ProgramFormatError(SparseFXError):
     """A program file is truncated, foreign or malformed."""
+
+
+class ProgramWriteError(SparseFXError):
+    """A program file could not be written (no space left, no permission); the old file is intact."""
 
 
 class EmulationError(SparseFXError):

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import collections
-import contextlib
-import errno
 import os
 import pickle
 import re
-import secrets
-import stat
 import warnings
 import zipfile
 from pathlib import Path
@@ -18,13 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..atomic import atomic_write
 from ..errors import CheckpointError
 
 __all__ = ["PathLike", "atomic_save", "read_file", "why"]
 
 PathLike = str | os.PathLike
 _ZIP_MAGIC = b"PK\x03\x04"
-_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # a full disk, or a full quota
 _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device)
 
 
@@ -36,94 +32,11 @@ def atomic_save(obj: Any, path: PathLike) -> None:
     The data goes to a temp file next to ``path`` (``.<name>.<pid>.<random>.tmp``), which is
     removed on any error; the temp files of a killed earlier save of ``path`` are removed by the
     next one. Overwriting keeps the file's permission bits. A full disk is a CheckpointError that
-    says so.
+    says so. The temp-file mechanics live in ``sparsefx/atomic.py`` (program files use them too).
     """
     path = Path(path)
     _check_loadable(obj, "checkpoint")
-    _remove_stale_temps(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    except OSError as exc:
-        raise _write_error(path, exc) from exc
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(obj, file)
-            file.flush()
-            os.fsync(file.fileno())
-        _keep_mode(path, tmp)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        error = _write_error(path, exc)
-        if error is None:
-            raise
-        raise error from exc
-    _fsync_dir(path.parent)
-
-
-def _write_error(path: Path, exc: BaseException) -> CheckpointError | None:
-    """The CheckpointError for a failed write of ``path`` (None: not an I/O failure, re-raise it).
-
-    torch reports a failed write inside its zip writer as a RuntimeError whose context is the
-    OSError, so the whole chain is searched.
-    """
-    seen: BaseException | None = exc
-    visited: set[int] = set()
-    while seen is not None and id(seen) not in visited:
-        visited.add(id(seen))
-        if isinstance(seen, OSError):
-            if seen.errno in _FULL:
-                return CheckpointError(
-                    f"cannot write {path}: no space left on the device ({seen.strerror or seen}); "
-                    "free some space or write the checkpoint elsewhere"
-                )
-            return CheckpointError(f"cannot write {path}: {seen.strerror or seen}")
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _temp_pattern(path: Path) -> re.Pattern[str]:
-    return re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]{{8}}\.tmp")
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Remove the temp files that saves of ``path`` by processes no longer running left behind."""
-    pattern = _temp_pattern(path)
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return
-    for name in names:
-        match = pattern.fullmatch(name)
-        if match is None or _running(int(match.group(1))):
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(path.with_name(name))
-
-
-def _running(pid: int) -> bool:
-    """Is process ``pid`` alive (on this machine)? This process's own temps are never stale."""
-    if pid == os.getpid() or os.name != "posix":  # os.kill would end the process on Windows
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError, OverflowError):
-        return True  # exists (another user's), or cannot tell: leave it
-    return True
-
-
-def _keep_mode(path: Path, tmp: Path) -> None:
-    """Give ``tmp`` the permission bits of the file it replaces, if there is one."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        return
-    with contextlib.suppress(OSError):  # a file system without permission bits
-        os.chmod(tmp, mode)
+    atomic_write(path, lambda file: torch.save(obj, file), CheckpointError, "checkpoint")
 
 
 def read_file(path: PathLike, map_location: Any = "cpu", *, verify: bool = True) -> Any:
@@ -178,17 +91,6 @@ def why(exc: BaseException) -> str:
         text = text.split("WeightsUnpickler error:", 1)[1].split(" Please use", 1)[0]
     first = " ".join(text.strip().splitlines()[:1]).split(". ", 1)[0].strip()
     return first[:200] or type(exc).__name__
-
-
-def _fsync_dir(folder: Path) -> None:
-    if os.name != "posix":
-        return
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _check_loadable(obj: Any, where: str, depth: int = 0) -> None:
