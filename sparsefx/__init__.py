@@ -35,7 +35,10 @@ if TYPE_CHECKING:
     from .compiler import compile
     from .config import SparsityConfig, load_config
     from .model import SparseModel
+    from .passes.lower import lower
     from .runtime.archive import load_program
+    from .runtime.mesh import HardwareSpec, MeshSpec
+    from .runtime.program import DataflowProgram
     from .runtime.text import parse_program
 
 __version__ = "0.1.0"
@@ -48,6 +51,10 @@ __all__ = [
     "SparsityConfig",
     "SparseModel",
     "parse_program",
+    "lower",
+    "DataflowProgram",
+    "MeshSpec",
+    "HardwareSpec",
     "load_program",
     "errors",
     "sparse",
@@ -72,6 +79,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SparsityConfig": (".config", "SparsityConfig"),
     "SparseModel": (".model", "SparseModel"),
     "parse_program": (".runtime.text", "parse_program"),
+    "lower": (".passes.lower", "lower"),
+    "DataflowProgram": (".runtime.program", "DataflowProgram"),
+    "MeshSpec": (".runtime.mesh", "MeshSpec"),
+    "HardwareSpec": (".runtime.mesh", "HardwareSpec"),
     "load_program": (".runtime.archive", "load_program"),
     "sparse": (".sparse", None),
 }

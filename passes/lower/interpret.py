@@ -81,6 +81,19 @@ def _op_name(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Any]:
     return name, module
 
 
+def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
+    """A short name for a kernel's origin: the node and what it calls."""
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        return f"{node.name}: {node.target} ({type(module).__name__})"
+    if node.op == "call_method":
+        return f"{node.name}: .{node.target}()"
+    target = getattr(node.target, "__qualname__", None) or str(node.target)
+    module = getattr(node.target, "__module__", None)
+    prefix = f"{module}." if module and not str(target).startswith(module) else ""
+    return f"{node.name}: {prefix}{target}"
+
+
 def _has_ref(value: Any) -> bool:
     return any(isinstance(leaf, Ref) for leaf in pytree.tree_leaves(value))
 
@@ -94,7 +107,7 @@ def walk_graph(gm: fx.GraphModule, args: tuple, kwargs: dict) -> Walk:
     output = None
     with torch.no_grad():
         for node in gm.graph.nodes:
-            b.source = node.format_node() or node.name
+            b.source = _describe(gm, node)
             if node.op == "output":
                 output = node
                 break
