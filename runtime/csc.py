@@ -1,9 +1,9 @@
 """Readers of a ``sparse_matmul`` kernel's weight: CSC slices per PE, back to a dense weight and its mask.
 
-PE ``p = r * width + c`` of a ``width`` x ``height`` region holds the nonzeros of input band
-``r`` (``lane_bounds(in_features, height)``) whose output row lies in ``[out_lo[p], out_hi[p])``,
-as CSC: its ``nz_ptr[p + 1] - nz_ptr[p]`` nonzeros in ``row_idx``/``values``, and its band width + 1
-column offsets (local, from 0 to its nnz) at ``col_ptr[col_ptr_off[p]:col_ptr_off[p + 1]]``; row
+PE ``p = r * width + c`` of a ``width`` x ``height`` region holds the nonzeros whose input lies in
+``[in_lo[p], in_hi[p])`` (without those arrays: band ``r``, ``lane_bounds(in_features, height)``)
+and whose output row lies in ``[out_lo[p], out_hi[p])``, as CSC: its ``nz_ptr[p + 1] - nz_ptr[p]``
+nonzeros in ``row_idx``/``values``, and its input range + 1 column offsets (local, from 0 to its nnz) at ``col_ptr[col_ptr_off[p]:col_ptr_off[p + 1]]``; row
 indices are local to ``out_lo[p]``. ``docs/architecture.md`` describes the mapping. One PE, one
 band of three inputs, two nonzeros (``W[0, 1] = 5``, ``W[1, 2] = 7``)::
 
@@ -76,13 +76,11 @@ def assemble(
             f"{pes + 1}, {pes + 1} and {pes}"
         )
     nnz = nz_ptr[1:] - nz_ptr[:-1]
-    bounds = lane_bounds(in_features, height)
-    entries = col_off[1:] - col_off[:-1]  # band width + 1 per PE
-    if len(col_ptr) != int(col_off[-1]) or not torch.equal(
-        entries, (bounds[1:] - bounds[:-1] + 1).repeat_interleave(width)
-    ):
+    in_lo, in_hi = _input_ranges(arrays, in_features, width, height)
+    entries = col_off[1:] - col_off[:-1]  # input range + 1 per PE
+    if len(col_ptr) != int(col_off[-1]) or not torch.equal(entries, in_hi - in_lo + 1):
         raise ProgramFormatError(
-            f"col_ptr_off does not give each PE its band width + 1 of the {len(col_ptr)} col_ptr entries"
+            f"col_ptr_off does not give each PE its input range + 1 of the {len(col_ptr)} col_ptr entries"
         )
     if len(values) != int(nz_ptr[-1]) or len(arrays["row_idx"]) != len(values):
         raise ProgramFormatError(
@@ -96,7 +94,7 @@ def assemble(
     local = torch.arange(len(col_ptr)) - col_off[:-1][pe_of_entry]
     is_column = local < entries[pe_of_entry] - 1  # every entry but each PE's last opens a column
     counts = (col_ptr[1:] - col_ptr[:-1])[is_column[:-1]]
-    column = (bounds[:-1][pe_of_entry // width] + local)[is_column]
+    column = (in_lo[pe_of_entry] + local)[is_column]
     if bool((counts < 0).any()):
         raise ProgramFormatError("col_ptr decreases inside a PE")
     cols = torch.repeat_interleave(column, counts, output_size=len(values))
@@ -108,3 +106,20 @@ def assemble(
     weight[flat] = values
     mask[flat] = True
     return weight.view(out_features, in_features), mask.view(out_features, in_features)
+
+
+def _input_ranges(
+    arrays: dict[str, torch.Tensor], in_features: int, width: int, height: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each PE's input features ``[in_lo, in_hi)``: its arrays', else its row's lane band."""
+    if "in_lo" in arrays and "in_hi" in arrays:
+        lo, hi = arrays["in_lo"].to(torch.int64), arrays["in_hi"].to(torch.int64)
+        if (
+            len(lo) != width * height
+            or len(hi) != len(lo)
+            or bool(((lo < 0) | (hi < lo) | (hi > in_features)).any())
+        ):
+            raise ProgramFormatError(f"in_lo/in_hi are not {width * height} ranges inside [0, {in_features}]")
+        return lo, hi
+    bounds = lane_bounds(in_features, height)
+    return bounds[:-1].repeat_interleave(width), bounds[1:].repeat_interleave(width)

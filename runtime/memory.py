@@ -76,7 +76,10 @@ def _sparse(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
     nz_ptr = program.array(kernel, "nz_ptr").to(torch.int64)
     nnz = nz_ptr[1:] - nz_ptr[:-1]
     width = kernel.region.width
-    in_widths = _per_pe_rows(_lane_widths(int(kernel.attrs["in_features"]), kernel), kernel)
+    if "in_lo" in kernel.arrays:
+        in_widths = (program.array(kernel, "in_hi") - program.array(kernel, "in_lo")).to(torch.int64)
+    else:
+        in_widths = _per_pe_rows(_lane_widths(int(kernel.attrs["in_features"]), kernel), kernel)
     out_span = (program.array(kernel, "out_hi") - program.array(kernel, "out_lo")).to(torch.int64)
     value_bytes = itemsize(program.specs[kernel.arrays["values"]].dtype)
     index_bytes = itemsize(program.specs[kernel.arrays["row_idx"]].dtype)

@@ -158,6 +158,19 @@ def _check_csc(p: DataflowProgram, k: Kernel) -> None:
     col_ptr = p.array(k, "col_ptr").to(torch.int64)
     row_idx = p.array(k, "row_idx").to(torch.int64)
     out_span = (p.array(k, "out_hi") - p.array(k, "out_lo")).to(torch.int64)
+    if "in_lo" in k.arrays:
+        lo, hi = p.array(k, "in_lo").to(torch.int64), p.array(k, "in_hi").to(torch.int64)
+        features = int(k.attrs.get("in_features", 0))
+        bad = (
+            ((lo < 0) | (hi < lo) | (hi > features)).nonzero()
+            if len(lo) == n == len(hi)
+            else torch.zeros(1, 1)
+        )
+        if len(bad):
+            pe = int(bad[0]) if len(lo) == n else 0
+            raise _fail(k.name, f"input range of PE {k.region.coords(pe)} is not inside [0, {features}]")
+        if not torch.equal(col_off[1:] - col_off[:-1], hi - lo + 1):
+            raise _fail(k.name, "col_ptr_off does not give each PE its input range + 1 column offsets")
     if len(nz_ptr) != n + 1 or len(col_off) != n + 1 or len(out_span) != n:
         raise _fail(
             k.name, f"per-PE offset arrays have {len(nz_ptr)}/{len(col_off)} entries; the region has {n} PEs"

@@ -15,7 +15,7 @@ from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import PLACEMENTS, DataflowProgram, Kernel, Region, lane_bounds
 from sparsefx.runtime.verify import _check_csc
 
-ROLES = ("out_lo", "out_hi", "nz_ptr", "col_ptr_off", "col_ptr", "row_idx", "values")
+ROLES = ("out_lo", "out_hi", "in_lo", "in_hi", "nz_ptr", "col_ptr_off", "col_ptr", "row_idx", "values")
 
 
 def masked(out: int, inp: int, keep: float, seed: int = 0, dtype=torch.float32):
@@ -26,33 +26,41 @@ def masked(out: int, inp: int, keep: float, seed: int = 0, dtype=torch.float32):
     return weight, mask
 
 
+def _runs(items: list, parts: int) -> list[list]:
+    """``parts`` consecutive runs of ``items`` whose sizes differ by at most one (starts at k*n//parts)."""
+    n = len(items)
+    return [items[k * n // parts : (k + 1) * n // parts] for k in range(parts)]
+
+
 def reference(weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, placement: str) -> dict:
     """The layout as the mapping describes it, one PE and one nonzero at a time (small shapes only)."""
     out, inp = weight.shape
     b = lane_bounds(inp, height).tolist()
     got: dict[str, list] = {role: [] for role in ROLES}
     got["nz_ptr"], got["col_ptr_off"] = [0], [0]
+    by_input = [(i, j) for j in range(inp) for i in range(out) if mask[i, j]]
+    rows = _runs(by_input, height)
     for r in range(height):
-        nonzeros = [(i, j) for i in range(out) for j in range(b[r], b[r + 1]) if mask[i, j]]
-        chunks, ranges = [], []
         if placement == "block":
+            lo_in, hi_in = b[r], b[r + 1]
+            nonzeros = [(i, j) for i in range(out) for j in range(lo_in, hi_in) if mask[i, j]]
             ranges = [(c * out // width, (c + 1) * out // width) for c in range(width)]
             chunks = [[(i, j) for i, j in nonzeros if lo <= i < hi] for lo, hi in ranges]
         else:
-            size, extra = divmod(len(nonzeros), width)
-            pos, prev = 0, 0
-            for c in range(width):
-                chunk = nonzeros[pos : pos + size + (c < extra)]
-                pos += len(chunk)
-                prev_lo, prev = (chunk[0][0], chunk[-1][0] + 1) if chunk else (prev, prev)
-                chunks.append(chunk)
-                ranges.append((prev_lo, prev))
+            run = rows[r]
+            lo_in, hi_in = (run[0][1], run[-1][1] + 1) if run else (0, 0)
+            chunks, ranges, prev = _runs(sorted(run), width), [], 0
+            for chunk in chunks:
+                lo, prev = (chunk[0][0], chunk[-1][0] + 1) if chunk else (prev, prev)
+                ranges.append((lo, prev))
         for (lo, hi), chunk in zip(ranges, chunks):
             chunk = sorted(chunk, key=lambda ij: (ij[1], ij[0]))
             got["out_lo"].append(lo)
             got["out_hi"].append(hi)
-            got["col_ptr"] += [sum(1 for _, j in chunk if j < col) for col in range(b[r], b[r + 1] + 1)]
-            got["col_ptr_off"].append(got["col_ptr_off"][-1] + b[r + 1] - b[r] + 1)
+            got["in_lo"].append(lo_in)
+            got["in_hi"].append(hi_in)
+            got["col_ptr"] += [sum(1 for _, j in chunk if j < col) for col in range(lo_in, hi_in + 1)]
+            got["col_ptr_off"].append(got["col_ptr_off"][-1] + hi_in - lo_in + 1)
             got["row_idx"] += [i - lo for i, _ in chunk]
             got["values"] += [weight[i, j].item() for i, j in chunk]
             got["nz_ptr"].append(got["nz_ptr"][-1] + len(chunk))
@@ -61,7 +69,6 @@ def reference(weight: torch.Tensor, mask: torch.Tensor, width: int, height: int,
 
 def check_csc(a: dict[str, torch.Tensor], inp: int, width: int, height: int) -> None:
     """The CSC invariants, PE by PE."""
-    b = lane_bounds(inp, height)
     assert a["out_lo"].dtype == a["out_hi"].dtype == a["col_ptr"].dtype == torch.int32
     assert a["nz_ptr"].dtype == a["col_ptr_off"].dtype == torch.int64
     span = a["out_hi"] - a["out_lo"]
@@ -69,10 +76,10 @@ def check_csc(a: dict[str, torch.Tensor], inp: int, width: int, height: int) -> 
     want_index = torch.int16 if int(span.max()) < 2**15 else torch.int32
     assert a["row_idx"].dtype == want_index
     for p in range(width * height):
-        r = p // width
         cp = a["col_ptr"][a["col_ptr_off"][p] : a["col_ptr_off"][p + 1]]
         nnz = int(a["nz_ptr"][p + 1] - a["nz_ptr"][p])
-        assert len(cp) == int(b[r + 1] - b[r]) + 1
+        assert 0 <= int(a["in_lo"][p]) <= int(a["in_hi"][p]) <= inp
+        assert len(cp) == int(a["in_hi"][p] - a["in_lo"][p]) + 1
         assert int(cp[0]) == 0 and int(cp[-1]) == nnz and bool((cp[1:] >= cp[:-1]).all())
         rows = a["row_idx"][a["nz_ptr"][p] : a["nz_ptr"][p + 1]].to(torch.int64)
         assert bool(((rows >= 0) & (rows < span[p])).all())
@@ -143,27 +150,31 @@ def test_the_mask_not_the_value_decides(placement: str) -> None:
     check_all(weight, mask, 3, 4, placement)
 
 
-def test_balanced_rows_hold_the_same_nnz_to_within_one() -> None:
+def test_balanced_pes_hold_the_same_nnz_to_within_one() -> None:
     weight, mask = masked(300, 97, 0.2, seed=3)
     mask[:40] = True  # dense top rows: block would pile them onto column 0
-    for width, height in [(7, 5), (16, 16), (1, 3), (64, 2)]:
-        a = place_sparse(weight, mask, width, height, "balanced")
-        per_row = pe_nnz(a["nz_ptr"]).view(height, width)
-        spread = per_row.max(1).values - per_row.min(1).values
-        assert int(spread.max()) <= 1, (width, height)
+    mask[:, :5] = True  # dense first inputs: block would pile them onto row 0
+    for width, height in [(7, 5), (16, 16), (1, 3), (64, 2), (3, 200)]:  # 200 rows > 97 inputs
+        per_pe = pe_nnz(place_sparse(weight, mask, width, height, "balanced")["nz_ptr"])
+        assert int(per_pe.max() - per_pe.min()) <= 1, (width, height)
 
 
-def test_balanced_neighbours_may_share_a_boundary_row() -> None:
+def test_balanced_neighbours_may_share_a_boundary_row_and_input() -> None:
     weight = torch.arange(1.0, 7.0).view(1, 6)  # one output row, six nonzeros, three PEs
     a = check_all(weight, weight != 0, 3, 1, "balanced")
     assert a["out_lo"].tolist() == [0, 0, 0] and a["out_hi"].tolist() == [1, 1, 1]
     assert pe_nnz(a["nz_ptr"]).tolist() == [2, 2, 2]
+    column = torch.arange(1.0, 7.0).view(6, 1)  # one input, six nonzeros, three region rows
+    a = check_all(column, column != 0, 1, 3, "balanced")
+    assert a["in_lo"].tolist() == [0, 0, 0] and a["in_hi"].tolist() == [1, 1, 1]
+    assert a["out_lo"].tolist() == [0, 2, 4] and pe_nnz(a["nz_ptr"]).tolist() == [2, 2, 2]
 
 
 def test_empty_pes_get_the_empty_range_at_their_left_neighbour() -> None:
     weight = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     a = check_all(weight, weight != 0, 4, 1, "balanced")
-    assert a["out_lo"].tolist() == [0, 1, 2, 2] and a["out_hi"].tolist() == [1, 2, 2, 2]
+    # two nonzeros cut four ways: runs start at k * 2 // 4, so PEs 0 and 2 are empty
+    assert a["out_lo"].tolist() == [0, 0, 1, 1] and a["out_hi"].tolist() == [0, 1, 1, 2]
     a = check_all(weight, torch.zeros(4, 2, dtype=torch.bool), 3, 2, "balanced")
     assert a["out_lo"].tolist() == a["out_hi"].tolist() == [0] * 6
 
@@ -172,7 +183,10 @@ def test_regions_wider_or_taller_than_the_weight() -> None:
     weight, mask = masked(3, 2, 0.7, seed=4)
     for placement in PLACEMENTS:
         a = check_all(weight, mask, 9, 5, placement)  # more columns than outputs, more rows than inputs
-        assert len(a["out_lo"]) == 45 and len(a["col_ptr"]) == 9 * (2 + 5)
+        assert len(a["out_lo"]) == 45
+        assert len(a["col_ptr"]) == int((a["in_hi"] - a["in_lo"] + 1).sum())
+        if placement == "block":  # every row has its lane band (0 or 1 input) + 1 offsets
+            assert len(a["col_ptr"]) == 9 * (2 + 5)
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
@@ -276,5 +290,5 @@ def test_property_layout_matches_the_mapping(out, inp, width, height, keep, seed
     for role in ROLES:
         assert a[role].tolist() == want[role], role
     if placement == "balanced":
-        per_row = pe_nnz(a["nz_ptr"]).view(height, width)
-        assert int((per_row.max(1).values - per_row.min(1).values).max()) <= 1
+        per_pe = pe_nnz(a["nz_ptr"])
+        assert int(per_pe.max() - per_pe.min()) <= 1

@@ -1,27 +1,26 @@
 """Place a masked weight on a region of PEs: the per-PE CSC slices of a ``sparse_matmul`` kernel.
 
-Region row ``r`` receives the input band ``[b[r], b[r + 1])`` (``lane_bounds(in, height)``); PE
-``(c, r)`` (local index ``p = r * width + c``) holds the nonzeros of that band whose output row is
-in ``[out_lo[p], out_hi[p])``, as CSC (``sparsefx.runtime.csc`` reads them back). The mask says what
-is a nonzero: a kept weight equal to 0.0 is stored. Placements:
+PE ``(c, r)`` (local index ``p = r * width + c``) holds the nonzeros whose input feature lies in
+``[in_lo[p], in_hi[p])`` and whose output lies in ``[out_lo[p], out_hi[p])``, as CSC
+(``sparsefx.runtime.csc`` reads them back). The mask says what is a nonzero: a kept weight equal to
+0.0 is stored. Placements:
 
-* ``"block"``: ``width`` equal contiguous output ranges, the same on every row;
-* ``"balanced"``: each row's nonzeros, ordered by (output, input), cut into ``width`` chunks of equal
-  count, so the PEs of a row hold the same nnz to within one. Neighbours may share a boundary
-  output row; an empty PE gets the empty range at its left neighbour's ``out_hi`` (0 for the first).
+* ``"block"``: region row ``r`` takes the input band ``[b[r], b[r + 1])`` (``lane_bounds(in,
+  height)``, the features its lane carries) and ``width`` equal contiguous output ranges, the same on
+  every row: a 2-D block partition;
+* ``"balanced"``: every PE holds the same nnz to within one (``place_balanced.py``).
 
-Both placements come down to where each chunk starts: an output row, and for ``balanced`` how many
-of that row's band nonzeros come before it. Prefix counts of the transposed mask turn the starts
-into the nonzeros of each (PE, input) pair, hence every offset, and one gather moves the nonzeros
-from input-major order into PE order. Nothing loops over PEs or nonzeros: region rows go in groups
-of about ``GROUP_ENTRIES`` mask entries, through scratch buffers reused from group to group::
+Block placement comes down to where each chunk starts. Prefix counts of the transposed mask turn the
+starts into the nonzeros of each (PE, input) pair, hence every offset, and one gather moves the
+nonzeros from input-major order into PE order. Nothing loops over PEs or nonzeros: region rows go in
+groups of about ``GROUP_ENTRIES`` mask entries, through scratch buffers reused from group to group::
 
     >>> w = torch.tensor([[1.0, 2.0, 3.0], [0.0, 4.0, 0.0]])
-    >>> a = place_sparse(w, w != 0, width=2, height=1, placement="balanced")
-    >>> a["out_lo"].tolist(), a["out_hi"].tolist(), a["nz_ptr"].tolist()  # both PEs hold part of row 0
-    ([0, 0], [1, 2], [0, 2, 4])
+    >>> a = place_sparse(w, w != 0, width=2, height=1, placement="block")
+    >>> a["out_lo"].tolist(), a["out_hi"].tolist(), a["nz_ptr"].tolist()
+    ([0, 1], [1, 2], [0, 3, 4])
     >>> a["col_ptr"].tolist(), a["row_idx"].tolist(), a["values"].tolist()
-    ([0, 1, 2, 2, 0, 0, 1, 2], [0, 0, 1, 0], [1.0, 2.0, 4.0, 3.0])
+    ([0, 1, 2, 3, 0, 0, 1, 1], [0, 0, 0, 0], [1.0, 2.0, 3.0, 4.0])
 """
 
 from __future__ import annotations
@@ -31,13 +30,15 @@ import torch
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.program import PLACEMENTS, lane_bounds
 
+from .place_balanced import place_balanced
+
 __all__ = ["place_sparse", "GROUP_ENTRIES"]
 
 GROUP_ENTRIES = 1 << 21
 """Mask entries (inputs x outputs) per group of region rows placed together."""
 
 _I16_SPAN = 2**15
-_ORDER = ("out_lo", "out_hi", "nz_ptr", "col_ptr_off", "col_ptr", "row_idx", "values")
+_ORDER = ("out_lo", "out_hi", "in_lo", "in_hi", "nz_ptr", "col_ptr_off", "col_ptr", "row_idx", "values")
 
 
 def place_sparse(
@@ -50,6 +51,8 @@ def place_sparse(
     ``values`` keep the weight's dtype. No bias: the caller adds it. The module docstring has an example.
     """
     out_features, in_features = _check(weight, mask, width, height, placement)
+    if placement == "balanced":
+        return place_balanced(weight.detach().cpu(), mask.detach().cpu(), width, height)
     bounds = lane_bounds(in_features, height)
     mask_t = mask.detach().cpu().t().contiguous()  # [in, out]: a band is a run of rows
     weight_t = weight.detach().cpu().t().contiguous()
@@ -61,7 +64,7 @@ def place_sparse(
     done = 0
     for r0, r1 in _groups(bounds, out_features):
         lo, hi = int(bounds[r0]), int(bounds[r1])
-        group = _place_group(mask_t[lo:hi], bounds[r0 : r1 + 1] - lo, width, placement, scratch)
+        group = _place_group(mask_t[lo:hi], bounds[r0 : r1 + 1] - lo, width, scratch)
         n = int(group["nz_ptr"][-1])
         span = group["out_hi"] - group["out_lo"]
         if row_idx.dtype == torch.int16 and int(span.max()) >= _I16_SPAN:
@@ -81,6 +84,8 @@ def place_sparse(
     arrays["col_ptr_off"] = torch.zeros(width * height + 1, dtype=torch.int64)
     torch.cumsum((band_width + 1).repeat_interleave(width), 0, out=arrays["col_ptr_off"][1:])
     arrays.update(row_idx=row_idx, values=values)
+    arrays["in_lo"] = bounds[:-1].to(torch.int32).repeat_interleave(width)
+    arrays["in_hi"] = bounds[1:].to(torch.int32).repeat_interleave(width)
     return {key: arrays[key] for key in _ORDER}
 
 
@@ -134,7 +139,7 @@ def _count_dtype(n: int) -> torch.dtype:
 
 
 def _place_group(
-    mask_t: torch.Tensor, bounds: torch.Tensor, width: int, placement: str, scratch: _Scratch
+    mask_t: torch.Tensor, bounds: torch.Tensor, width: int, scratch: _Scratch
 ) -> dict[str, torch.Tensor]:
     """Offsets and per-segment tables of the region rows whose bands are ``bounds`` (local to ``mask_t``).
 
@@ -147,13 +152,10 @@ def _place_group(
     # [j, i]: nonzeros of input j in output rows <= i
     upto = scratch.take("prefix", (inputs, out_features), _count_dtype(out_features + 1))
     torch.cumsum(mask_t, 1, dtype=upto.dtype, out=upto)
-    if placement == "block":
-        first = torch.arange(width + 1) * out_features // width
-        first_row, skip = first.expand(rows, width + 1), torch.zeros(rows, width + 1, dtype=torch.int64)
-        out_lo, out_hi = first[:-1].repeat(rows), first[1:].repeat(rows)
-    else:
-        first_row, skip, out_lo, out_hi = _balanced_starts(upto, band_width, width, scratch)
-    counts, before, column = _segment_counts(mask_t, upto, bounds, first_row, skip)
+    first = torch.arange(width + 1) * out_features // width
+    first_row = first.expand(rows, width + 1)
+    out_lo, out_hi = first[:-1].repeat(rows), first[1:].repeat(rows)
+    counts, before, column = _segment_counts(upto, bounds, first_row)
     group = _offsets(counts, band_width, width)
     per_input = upto[:, -1].to(torch.int64)
     # where each segment's nonzeros start among the group's nonzeros in input-major order
@@ -162,35 +164,6 @@ def _place_group(
     group.update(counts=counts, shift=source - group["seg_start"], out_lo=out_lo, out_hi=out_hi)
     group["row_base"] = column * out_features + out_lo[pe]  # input-major flat position of local row 0
     return group
-
-
-def _balanced_starts(
-    upto: torch.Tensor, band_width: torch.Tensor, width: int, scratch: _Scratch
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where each region row's ``width`` equal chunks start, and each chunk's output range.
-
-    Chunk ``c`` of row ``r`` starts at the ``start[r, c]``-th nonzero of the band in (output, input)
-    order: in output row ``first_row[r, c]``, after ``skip[r, c]`` of that row's band nonzeros. Entry
-    ``c = width`` is the end (``first_row = out``, ``skip = 0``).
-    """
-    inputs, out_features = upto.shape
-    rows = len(band_width)
-    if rows != inputs or bool((band_width != 1).any()):  # band sums: nonzeros of the band in rows <= i
-        dtype = _count_dtype(inputs * out_features + 1)
-        band = torch.repeat_interleave(torch.arange(rows), band_width, output_size=inputs)
-        sums = scratch.take("band", (rows, out_features), dtype).zero_()
-        upto = sums.index_add_(0, band, upto.to(dtype))
-    total = upto[:, -1:].to(torch.int64)
-    c = torch.arange(width + 1)
-    start = (c * (total // width) + torch.minimum(c, total % width)).to(upto.dtype)  # [rows, width + 1]
-    first_row = torch.searchsorted(upto, start, right=True)  # the row holding nonzero number `start`
-    above = upto.gather(1, (first_row - 1).clamp(min=0))
-    skip = (start - torch.where(first_row > 0, above, 0)).to(torch.int64)
-    last = torch.searchsorted(upto, (start[:, 1:] - 1).clamp(min=0).contiguous(), right=True)
-    empty = start[:, 1:] == start[:, :-1]
-    out_hi = torch.where(empty, 0, last + 1).cummax(1).values
-    out_lo = torch.where(empty, out_hi, first_row[:, :-1])
-    return first_row, skip, out_lo.reshape(-1), out_hi.reshape(-1)
 
 
 def _boundary_entries(bounds: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -204,31 +177,18 @@ def _boundary_entries(bounds: torch.Tensor, width: int) -> tuple[torch.Tensor, t
 
 
 def _segment_counts(
-    mask_t: torch.Tensor,
-    upto: torch.Tensor,
-    bounds: torch.Tensor,
-    first_row: torch.Tensor,
-    skip: torch.Tensor,
+    upto: torch.Tensor, bounds: torch.Tensor, first_row: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Nonzeros of each segment, nonzeros of its input before it, and its input (int64, segment order).
 
-    At a chunk boundary (``first_row``, ``skip``), input ``j`` has passed every nonzero of the rows
-    above and, in ``first_row``, the nonzero ``(first_row, j)`` if it is among the row's first ``skip``.
+    At a chunk boundary ``first_row``, input ``j`` has passed every nonzero of the rows above.
     """
-    out_features = mask_t.shape[1]
+    out_features = upto.shape[1]
     width = first_row.shape[1] - 1
     r, c, j = _boundary_entries(bounds, width)
     row = first_row[r, c].to(torch.int64)
     above = upto.view(-1)[j * out_features + (row - 1).clamp(min=0)].to(torch.int64)
     before = torch.where(row > 0, above, 0)
-    partial = skip[r, c] > 0  # only inside a row, so first_row < out there
-    if bool(partial.any()):
-        at = partial.nonzero().squeeze(1)
-        hit = torch.zeros(len(j), dtype=torch.int64)
-        hit[at] = mask_t.view(-1)[j[at] * out_features + row[at]].to(torch.int64)
-        seen = torch.cumsum(hit, 0) - hit  # hits before each entry, then within its (r, c) group
-        seen -= seen[torch.arange(len(j)) - (j - bounds[:-1][r])]
-        before += (hit > 0) & (seen < skip[r, c])
     keep = c < width
     following = torch.arange(len(j)) + (bounds[1:] - bounds[:-1])[r]  # the same input, next boundary
     return before[following[keep]] - before[keep], before[keep], j[keep]
