@@ -30,6 +30,8 @@ from .passes.count_flops import CountFlops, mask_nnz
 from .passes.manager import PassManager
 from .passes.meta import SHAPES, UNCOUNTED
 from .passes.shape_prop import PropagateShapes
+from .record_inputs import Inputs, record_inputs
+from .symbolic import evaluate
 
 __all__ = ["FlopReport", "flops", "TRAIN_FACTOR", "rigl_step_flops", "rigl_intervals"]
 
@@ -99,8 +101,8 @@ def flops(
     for _, row, env in sm.flop_rows():
         dense_expr += row.dense
         sparse_expr += row.sparse
-        f_d = int(sympy.sympify(row.dense).subs(env))
-        f_s = int(sympy.sympify(row.sparse).subs(env))
+        f_d = evaluate(row.dense, env)
+        f_s = evaluate(row.sparse, env)
         dense_fwd += f_d
         sparse_fwd += f_s
         interval = intervals.get(row.param) if row.param is not None else None
@@ -194,18 +196,8 @@ def _recount(sm: SparseModel, args: tuple, kwargs: dict, symbolic: bool) -> None
         PassManager([PropagateShapes(inputs.get(path), symbolic=symbolic), CountFlops()], label=path)(gm)
 
 
-def _record_graph_inputs(sm: SparseModel, args: tuple, kwargs: dict) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    handles = [
-        sm.get_submodule(path).register_forward_pre_hook(
-            lambda m, a, kw, path=path: seen.setdefault(path, (a, kw)), with_kwargs=True
-        )
-        for path in sm.graphs
-    ]
-    try:
-        with torch.no_grad():
-            sm(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+def _record_graph_inputs(sm: SparseModel, args: tuple, kwargs: dict) -> dict[str, Inputs]:
+    """Run ``sm`` once on new inputs and keep the first inputs each captured submodule received."""
+    with record_inputs({path: sm.get_submodule(path) for path in sm.graphs}) as seen, torch.no_grad():
+        sm(*args, **kwargs)
     return seen

@@ -35,12 +35,11 @@ from torch import fx, nn
 
 from .dispatch import describe_call
 from .errors import CaptureError
+from .record_inputs import Inputs, record_inputs
 
-__all__ = ["Captured", "capture", "capture_graph", "CAPTURE_METHODS"]
+__all__ = ["is_guard_check", "Captured", "capture", "capture_graph", "CAPTURE_METHODS"]
 
 CAPTURE_METHODS = ("auto", "fx", "export")
-
-Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass
@@ -387,21 +386,12 @@ def _record_child_inputs(model: nn.Module, args: tuple, kwargs: dict, log: list[
     The run leaves no trace: buffers (running statistics, counters) and the random number
     generators are put back as they were.
     """
-    seen: dict[str, Inputs] = {}
-    handles = []
-    for path, sub in model.named_modules():
-        if not path:
-            continue
-
-        def hook(mod: nn.Module, a: tuple, kw: dict, path: str = path) -> None:
-            seen.setdefault(path, (a, kw))
-
-        handles.append(sub.register_forward_pre_hook(hook, with_kwargs=True))
+    children = {path: sub for path, sub in model.named_modules() if path}
     saved = [
         (m, {k: v.clone() if v is not None else None for k, v in m._buffers.items()}) for m in model.modules()
     ]
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with record_inputs(children) as seen, torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(*args, **kwargs)
     except Exception as exc:
         tried = " | ".join(log)
@@ -410,8 +400,6 @@ def _record_child_inputs(model: nn.Module, args: tuple, kwargs: dict, log: list[
             f"{_one_line(exc)} (capture tried: {tried})"
         ) from exc
     finally:
-        for h in handles:
-            h.remove()
         for module, buffers in saved:
             for k, v in buffers.items():
                 current = module._buffers.get(k)
@@ -449,3 +437,12 @@ def capture_graph(
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def is_guard_check(node: fx.Node) -> bool:
+    """Whether ``node`` is ``torch.export``'s input-guard check (``_guards_fn``): it computes nothing.
+
+    Graphs exported by recent torch versions call a ``_guards_fn`` submodule on the inputs to check
+    the shapes the graph was specialized for; a consumer that fixes the shapes (lowering) skips it.
+    """
+    return node.op == "call_module" and str(node.target) == "_guards_fn" and not node.users

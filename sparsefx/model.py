@@ -17,7 +17,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import sympy
 import torch
 from torch import fx, nn
 
@@ -29,6 +28,7 @@ from .op_table import WEIGHT_ARG
 from .passes.count_flops import NodeFlops, mask_nnz
 from .passes.meta import FLOPS, SYMBOL_VALUES
 from .shell import move_extras
+from .symbolic import evaluate
 
 __all__ = ["SparseModel", "ParamReport"]
 
@@ -169,7 +169,7 @@ class SparseModel(nn.Module):
             if row.param is None:
                 continue
             dense, sparse = flops.get(row.param, (0, 0))
-            flops[row.param] = (dense + _value(row.dense, env), sparse + _value(row.sparse, env))
+            flops[row.param] = (dense + evaluate(row.dense, env), sparse + evaluate(row.sparse, env))
         reports = []
         for name, decision in self.plan.sparse.items():
             mask = self.get_buffer(mask_name(name))
@@ -200,7 +200,3 @@ def _fresh_reads(gm: fx.GraphModule, sparse: Any, fresh: set[str], other: set[st
             for user in node.users
         )
         (fresh if named and node.users else other).add(node.target)
-
-
-def _value(expr: sympy.Expr, env: dict) -> int:
-    return int(sympy.sympify(expr).subs(env))

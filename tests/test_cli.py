@@ -17,6 +17,7 @@ import pytest
 
 import sparsefx
 from sparsefx import cli
+from sparsefx.commands import validate
 from sparsefx.models.registry import build_model
 
 PATTERNS_YAML = """\
@@ -206,12 +207,12 @@ def test_unexpected_error_exits_1_and_interrupt_130(monkeypatch, capsys) -> None
     def interrupt(args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_validate", boom)
+    monkeypatch.setattr(validate, "cmd_validate", boom)
     assert cli.main(["validate", "0.9", "--model", "mlp"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("sparsefx: error: RuntimeError: boom | second line")
 
-    monkeypatch.setattr(cli, "cmd_validate", interrupt)
+    monkeypatch.setattr(validate, "cmd_validate", interrupt)
     assert cli.main(["validate", "0.9", "--model", "mlp"]) == 130
 
 

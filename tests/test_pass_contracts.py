@@ -184,13 +184,13 @@ def test_cli_inspect_shows_a_partial_count() -> None:
 
     from rich.console import Console
 
-    from sparsefx import cli
+    from sparsefx.commands import inspect
 
     x = torch.randn(2, 8)
     sm = sparsefx.compile(Opaque(), 0.5, (x,))
-    data = cli.inspect_data(sm, SimpleNamespace(name="opaque", args=(x,)))  # type: ignore[arg-type]
+    data = inspect.inspect_data(sm, SimpleNamespace(name="opaque", args=(x,)))  # type: ignore[arg-type]
     assert len(data["uncounted"]) == 1 and "NotImplementedError" in data["partial"]
     console = Console(width=300, record=True)
-    cli._print_inspect(console, sm, data, show_graph=False)
+    inspect._print_inspect(console, sm, data, show_graph=False)
     text = console.export_text()
     assert "partial: 1 node(s) not counted" in text and data["uncounted"][0] in text
