@@ -2,7 +2,8 @@
 
 PE ``p = r * width + c`` of a ``width`` x ``height`` region holds the nonzeros whose input lies in
 ``[in_lo[p], in_hi[p])`` (without those arrays: band ``r``, ``lane_bounds(in_features, height)``)
-and whose output row lies in ``[out_lo[p], out_hi[p])``, as CSC: its ``nz_ptr[p + 1] - nz_ptr[p]``
+and whose output row lies in ``[out_lo[p], out_hi[p])`` (cyclically: ``out_hi`` may pass
+``out_features``, and output ``o`` has local index ``(o - out_lo) % out_features``), as CSC: its ``nz_ptr[p + 1] - nz_ptr[p]``
 nonzeros in ``row_idx``/``values``, and its input range + 1 column offsets (local, from 0 to its nnz) at ``col_ptr[col_ptr_off[p]:col_ptr_off[p + 1]]``; row
 indices are local to ``out_lo[p]``. ``docs/architecture.md`` describes the mapping. One PE, one
 band of three inputs, two nonzeros (``W[0, 1] = 5``, ``W[1, 2] = 7``)::
@@ -99,7 +100,7 @@ def assemble(
         raise ProgramFormatError("col_ptr decreases inside a PE")
     cols = torch.repeat_interleave(column, counts, output_size=len(values))
     pe = torch.repeat_interleave(torch.arange(pes), nnz, output_size=len(values))
-    rows = arrays["row_idx"].to(torch.int64) + arrays["out_lo"].to(torch.int64)[pe]
+    rows = (arrays["row_idx"].to(torch.int64) + arrays["out_lo"].to(torch.int64)[pe]) % out_features
     flat = rows * in_features + cols
     weight = torch.zeros(out_features * in_features, dtype=values.dtype)
     mask = torch.zeros(out_features * in_features, dtype=torch.bool)

@@ -157,7 +157,18 @@ def _check_csc(p: DataflowProgram, k: Kernel) -> None:
     col_off = p.array(k, "col_ptr_off").to(torch.int64)
     col_ptr = p.array(k, "col_ptr").to(torch.int64)
     row_idx = p.array(k, "row_idx").to(torch.int64)
-    out_span = (p.array(k, "out_hi") - p.array(k, "out_lo")).to(torch.int64)
+    out_lo, out_hi = p.array(k, "out_lo").to(torch.int64), p.array(k, "out_hi").to(torch.int64)
+    out_span = out_hi - out_lo
+    outputs = int(k.attrs.get("out_features", 0))
+    if len(out_lo) == n == len(out_hi):
+        wrong = ((out_lo < 0) | (out_lo > outputs) | (out_span < 0) | (out_span > outputs)).nonzero()
+        if len(wrong):
+            pe = int(wrong[0])
+            raise _fail(
+                k.name,
+                f"output range [{int(out_lo[pe])}, {int(out_hi[pe])}) of PE "
+                f"{k.region.coords(pe)} is not a range of at most {outputs} of its outputs",
+            )
     if "in_lo" in k.arrays:
         lo, hi = p.array(k, "in_lo").to(torch.int64), p.array(k, "in_hi").to(torch.int64)
         features = int(k.attrs.get("in_features", 0))

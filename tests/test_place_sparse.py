@@ -49,19 +49,25 @@ def reference(weight: torch.Tensor, mask: torch.Tensor, width: int, height: int,
         else:
             run = rows[r]
             lo_in, hi_in = (run[0][1], run[-1][1] + 1) if run else (0, 0)
-            chunks, ranges, prev = _runs(sorted(run), width), [], 0
+            a = run[0][0] if run else 0  # outputs counted cyclically from the row's first nonzero's
+            ordered = sorted(run, key=lambda ij: ((ij[0] - a) % out, ij[1]))
+            chunks, ranges, prev = _runs(ordered, width), [], 0
             for chunk in chunks:
-                lo, prev = (chunk[0][0], chunk[-1][0] + 1) if chunk else (prev, prev)
+                if chunk:
+                    lo = chunk[0][0]
+                    prev = lo + (chunk[-1][0] - lo) % out + 1
+                else:
+                    lo = prev
                 ranges.append((lo, prev))
         for (lo, hi), chunk in zip(ranges, chunks):
-            chunk = sorted(chunk, key=lambda ij: (ij[1], ij[0]))
+            chunk = sorted(chunk, key=lambda ij: (ij[1], (ij[0] - lo) % out))
             got["out_lo"].append(lo)
             got["out_hi"].append(hi)
             got["in_lo"].append(lo_in)
             got["in_hi"].append(hi_in)
             got["col_ptr"] += [sum(1 for _, j in chunk if j < col) for col in range(lo_in, hi_in + 1)]
             got["col_ptr_off"].append(got["col_ptr_off"][-1] + hi_in - lo_in + 1)
-            got["row_idx"] += [i - lo for i, _ in chunk]
+            got["row_idx"] += [(i - lo) % out for i, _ in chunk]
             got["values"] += [weight[i, j].item() for i, j in chunk]
             got["nz_ptr"].append(got["nz_ptr"][-1] + len(chunk))
     return got
@@ -173,8 +179,9 @@ def test_balanced_neighbours_may_share_a_boundary_row_and_input() -> None:
 def test_empty_pes_get_the_empty_range_at_their_left_neighbour() -> None:
     weight = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     a = check_all(weight, weight != 0, 4, 1, "balanced")
-    # two nonzeros cut four ways: runs start at k * 2 // 4, so PEs 0 and 2 are empty
-    assert a["out_lo"].tolist() == [0, 0, 1, 1] and a["out_hi"].tolist() == [0, 1, 1, 2]
+    # two nonzeros cut four ways (runs start at k * 2 // 4, so PEs 0 and 2 are empty), in the cyclic
+    # output order from the row's first nonzero (output 1): output 1 on PE 1, then output 0 on PE 3
+    assert a["out_lo"].tolist() == [0, 1, 2, 0] and a["out_hi"].tolist() == [0, 2, 2, 1]
     a = check_all(weight, torch.zeros(4, 2, dtype=torch.bool), 3, 2, "balanced")
     assert a["out_lo"].tolist() == a["out_hi"].tolist() == [0] * 6
 

@@ -5,7 +5,9 @@ Two cuts, both by count. The nonzeros, ordered by input feature (then output), a
 touches, and a feature on a boundary is shared with the neighbouring row (each holds part of its
 column). Each row's nonzeros, ordered by output (then input), are cut into ``width`` equal runs, one
 per PE: PE ``(c, r)`` takes the outputs ``[out_lo, out_hi)`` its run touches, again sharing a boundary
-output with its neighbour. So neither the mask's pattern nor a lane count that does not divide the
+output with its neighbour. Outputs are counted cyclically from the row's first nonzero, so a row that
+holds the tail of one input's outputs and the head of the next one's has no gap inside a PE's range;
+such a range may pass ``out`` and wrap to output 0 (output ``o`` is local index ``(o - out_lo) % out``). So neither the mask's pattern nor a lane count that does not divide the
 features leaves a PE with more work than the rest. The input features reach the rows that hold them
 over the kernel's vertical buses; the arrays follow ``runtime/csc.py``::
 
@@ -46,8 +48,12 @@ def place_balanced(
     row = torch.repeat_interleave(
         torch.arange(height, dtype=torch.int32), row_start[1:] - row_start[:-1], output_size=nnz
     )
-    # Within each row, order by output then input: a stable sort on (row, output) keeps inputs ascending.
-    key = row.to(torch.int64) * out_features + i
+    # Within each row, order by output then input, the outputs counted cyclically from the row's first
+    # nonzero's: a row holding the tail of one input (outputs a..out) and the head of the next
+    # (outputs 0..b) is then one run a..out, 0..b, and no PE's range spans the gap between b and a.
+    first_out = i[row_start[:-1].clamp(max=max(nnz - 1, 0))].to(torch.int64) if nnz else torch.zeros(height)
+    rot = (i.to(torch.int64) - first_out[row]) % out_features
+    key = row.to(torch.int64) * out_features + rot
     order = torch.sort(key, stable=True).indices
     del key
     count = row_start[1:] - row_start[:-1]
@@ -60,14 +66,17 @@ def place_balanced(
     pe = torch.empty(nnz, dtype=torch.int64)
     pe[order] = pe_in_row_order
     del order, pe_in_row_order
-    # CSC order: by PE, then input, then output: a stable sort by PE of the (input, output) order.
-    csc = torch.sort(pe, stable=True).indices
-    pe_s, j_s, i_s = pe[csc], j[csc], i[csc]
-    del pe, csc
+    # CSC order: by PE, then input, then local output (the cyclic order from the row's first output).
+    csc = torch.sort((pe * in_features + j) * out_features + rot).indices
+    pe_s, j_s, i_s, rot_s = pe[csc], j[csc], i[csc], rot[csc]
+    del pe, csc, rot
     per_pe = torch.bincount(pe_s, minlength=pes)
     nz_ptr = torch.zeros(pes + 1, dtype=torch.int64)
     torch.cumsum(per_pe, 0, out=nz_ptr[1:])
-    out_lo, out_hi = _ranges(i_s, nz_ptr, per_pe)
+    rot_lo, rot_hi = _ranges(rot_s, nz_ptr, per_pe)
+    base = first_out[torch.arange(pes) // width] if nnz else torch.zeros(pes, dtype=torch.int64)
+    out_lo = torch.where(per_pe > 0, (rot_lo + base) % out_features, 0)
+    out_hi = out_lo + (rot_hi - rot_lo)  # may pass out_features: the range wraps to output 0
     row_first = torch.repeat_interleave(torch.arange(height), width)
     in_lo_row, in_hi_row = _row_inputs(j, row_start, height)
     in_lo, in_hi = in_lo_row[row_first], in_hi_row[row_first]
@@ -78,7 +87,7 @@ def place_balanced(
     slot = col_ptr_off[:-1][pe_s] + 1 + (j_s.to(torch.int64) - in_lo[pe_s])
     col_ptr = torch.bincount(slot, minlength=int(col_ptr_off[-1])).cumsum(0)
     col_ptr -= torch.repeat_interleave(col_ptr[col_ptr_off[:-1]], spans + 1, output_size=len(col_ptr))
-    local = i_s.to(torch.int64) - out_lo[pe_s]
+    local = (i_s.to(torch.int64) - out_lo[pe_s]) % out_features
     wide = bool(len(out_hi)) and int((out_hi - out_lo).max()) >= _I16_SPAN
     values = weight.reshape(-1)[i_s.to(torch.int64) * in_features + j_s]
     return {
