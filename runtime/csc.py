@@ -1,12 +1,13 @@
 """Readers of a ``sparse_matmul`` kernel's weight: CSC slices per PE, back to a dense weight and its mask.
 
 PE ``p = r * width + c`` of a ``width`` x ``height`` region holds the nonzeros whose input lies in
-``[in_lo[p], in_hi[p])`` (without those arrays: band ``r``, ``lane_bounds(in_features, height)``)
-and whose output row lies in ``[out_lo[p], out_hi[p])`` (cyclically: ``out_hi`` may pass
-``out_features``, and output ``o`` has local index ``(o - out_lo) % out_features``), as CSC: its ``nz_ptr[p + 1] - nz_ptr[p]``
-nonzeros in ``row_idx``/``values``, and its input range + 1 column offsets (local, from 0 to its nnz) at ``col_ptr[col_ptr_off[p]:col_ptr_off[p + 1]]``; row
-indices are local to ``out_lo[p]``. ``docs/architecture.md`` describes the mapping. One PE, one
-band of three inputs, two nonzeros (``W[0, 1] = 5``, ``W[1, 2] = 7``)::
+``[in_lo[p], in_hi[p])`` (without those arrays: band ``r``, ``lane_bounds(in_features, height)``) and
+whose output row lies in ``[out_lo[p], out_hi[p])`` (cyclically: ``out_hi`` may pass ``out_features``,
+and output ``o`` has local index ``(o - out_lo) % out_features``), as CSC: its ``nz_ptr[p + 1] -
+nz_ptr[p]`` nonzeros in ``row_idx``/``values``, and its input range + 1 column offsets (local, from 0 to
+its nnz) at ``col_ptr[col_ptr_off[p]:col_ptr_off[p + 1]]``; row indices are local to ``out_lo[p]``.
+``docs/architecture.md`` describes the mapping. One PE, one band of three inputs, two nonzeros (``W[0,
+1] = 5``, ``W[1, 2] = 7``)::
 
     >>> arrays = {"out_lo": torch.tensor([0], dtype=torch.int32),
     ...           "out_hi": torch.tensor([2], dtype=torch.int32),

@@ -115,8 +115,7 @@ def run_demo(
 
     report = sparsefx.flops(sm)
     console.print(flop_table(report, title="FLOPs and parameters (per call on the example inputs)"))
-    if not hasattr(sparsefx, "lower"):
-        console.print("lowering to a dataflow mesh and emulation: not available yet in this version")
+    _lower(sm, check_args, console)
     seconds = time.perf_counter() - start
     console.print(f"done in {seconds:.1f} s")
     return DemoResult(
@@ -294,3 +293,19 @@ def _check_masks(sm: SparseModel, before: dict[str, torch.Tensor]) -> tuple[bool
 
 def _ok(passed: bool) -> str:
     return "[green]ok[/]" if passed else "[bold red]FAILED[/]"
+
+
+def _lower(sm: Any, args: tuple, console: Any) -> None:
+    """Lower the trained model onto a 64x64 mesh (streaming if it does not fit pipelined) and verify it."""
+    from sparsefx.errors import LoweringError
+    from sparsefx.runtime.summary import totals_table
+
+    try:
+        program = sparsefx.lower(sm, args, mesh="medium", mode="pipelined")
+    except LoweringError as exc:
+        if "streaming" not in str(exc):
+            raise
+        program = sparsefx.lower(sm, args, mesh="medium", mode="streaming")
+    program.verify()
+    console.print(totals_table(program))
+    console.print("emulating the program on the mesh: not available yet in this version")

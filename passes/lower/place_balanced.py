@@ -1,22 +1,23 @@
 """The ``balanced`` placement: every PE of a region holds the same number of nonzeros, to within one.
 
-Two cuts, both by count. The nonzeros, ordered by input feature (then output), are cut into
-``height`` equal runs, one per region row: row ``r`` takes the features ``[in_lo, in_hi)`` its run
-touches, and a feature on a boundary is shared with the neighbouring row (each holds part of its
-column). Each row's nonzeros, ordered by output (then input), are cut into ``width`` equal runs, one
-per PE: PE ``(c, r)`` takes the outputs ``[out_lo, out_hi)`` its run touches, again sharing a boundary
-output with its neighbour. Outputs are counted cyclically from the row's first nonzero, so a row that
-holds the tail of one input's outputs and the head of the next one's has no gap inside a PE's range;
-such a range may pass ``out`` and wrap to output 0 (output ``o`` is local index ``(o - out_lo) % out``). So neither the mask's pattern nor a lane count that does not divide the
-features leaves a PE with more work than the rest. The input features reach the rows that hold them
-over the kernel's vertical buses; the arrays follow ``runtime/csc.py``::
+Two cuts, both by count. The nonzeros, ordered by input feature (then output), are cut into ``height``
+equal runs, one per region row: row ``r`` takes the features ``[in_lo, in_hi)`` its run touches, and a
+feature on a boundary is shared with the neighbouring row (each holds part of its column). Each row's
+nonzeros, ordered by output (then input), are cut into ``width`` equal runs, one per PE: PE ``(c, r)``
+takes the outputs ``[out_lo, out_hi)`` its run touches, again sharing a boundary output with its
+neighbour. Outputs are counted cyclically from the row's first nonzero, so a row that holds the tail of
+one input's outputs and the head of the next one's has no gap inside a PE's range; such a range may pass
+``out`` and wrap to output 0 (output ``o`` is local index ``(o - out_lo) % out``). So neither the mask's
+pattern nor a lane count that does not divide the features leaves a PE with more work than the rest. The
+input features reach the rows that hold them over the kernel's vertical buses; the arrays follow
+``runtime/csc.py``::
 
     >>> w = torch.tensor([[1.0, 2.0], [3.0, 0.0], [4.0, 5.0]])
     >>> a = place_balanced(w, w != 0, width=1, height=2)
     >>> a["in_lo"].tolist(), a["in_hi"].tolist(), a["nz_ptr"].tolist()  # feature 0 shared by both rows
     ([0, 0], [1, 2], [0, 2, 5])
     >>> a["col_ptr"].tolist(), a["row_idx"].tolist(), a["values"].tolist()
-    ([0, 2, 0, 1, 3], [0, 1, 2, 0, 2], [1.0, 3.0, 4.0, 2.0, 5.0])
+    ([0, 2, 0, 1, 3], [0, 1, 0, 0, 1], [1.0, 3.0, 4.0, 5.0, 2.0])
 """
 
 from __future__ import annotations

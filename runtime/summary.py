@@ -1,0 +1,154 @@
+"""What a program holds, as plain data and as tables: kernels, regions, nnz, SRAM, imbalance, colors, traffic.
+
+``summary(program)`` gives one dict per kernel and the program's totals; ``kernel_table`` and
+``totals_table`` render them with rich for ``sparsefx inspect model.sfxp`` and ``sparsefx lower``::
+
+    >>> import sparsefx
+    >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4)), 0.5, torch.ones(2, 8))
+    >>> s = summary(sparsefx.lower(sm, torch.ones(2, 8), mesh=(4, 4)))
+    >>> s["totals"]["nnz"], s["totals"]["kernels"], s["kernels"][0]["op"]
+    (16, 1, 'sparse_matmul')
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .memory import itemsize
+from .program import DataflowProgram
+
+__all__ = ["summary", "kernel_table", "totals_table"]
+
+
+def _route_wavelets(program: DataflowProgram) -> dict[str, int]:
+    """Wavelets each value route carries once per call: the value's elements (32-bit wavelets)."""
+    out = {}
+    for r in program.routes:
+        if r.kind != "value":
+            continue
+        v = program.value(r.value)
+        words = math.ceil(math.prod(v.shape) * itemsize(v.dtype) / program.hardware.wavelet_bytes)
+        out[r.name] = words
+    return out
+
+
+def summary(program: DataflowProgram) -> dict[str, Any]:
+    """Per-kernel rows and program totals (plain data; JSON-able)."""
+    colors: dict[str, set[int]] = {}
+    for r in program.routes:
+        for name in {r.src, *r.dsts} - {"host"}:
+            colors.setdefault(name, set()).add(r.color)
+    traffic = _route_wavelets(program)
+    rows = []
+    for k in program.kernels:
+        rows.append(
+            {
+                "name": k.name,
+                "op": k.op,
+                "fn": k.attrs.get("fn", k.attrs.get("kind", "")),
+                "region": [k.region.x, k.region.y, k.region.width, k.region.height],
+                "pes": k.region.pes,
+                "shape": list(k.shape),
+                "nnz": k.stats.get("nnz"),
+                "dense": k.stats.get("dense"),
+                "imbalance": k.stats.get("imbalance"),
+                "sram_max": k.stats.get("sram_max"),
+                "colors": sorted(colors.get(k.name, ())),
+            }
+        )
+    sparse = [r for r in rows if r["nnz"] is not None]
+    nnz, dense = sum(r["nnz"] for r in sparse), sum(r["dense"] for r in sparse)
+    used = {(k.region.x, k.region.width) for k in program.kernels}
+    totals = {
+        "mesh": str(program.mesh),
+        "mode": program.mode,
+        "placement": program.placement,
+        "kernels": len(rows),
+        "sparse_kernels": len(sparse),
+        "nnz": nnz,
+        "dense": dense,
+        "density": nnz / dense if dense else None,
+        "max_imbalance": max((r["imbalance"] for r in sparse), default=None),
+        "sram_max": max((r["sram_max"] or 0 for r in rows), default=0),
+        "sram_bytes": program.hardware.sram_bytes,
+        "colors": program.colors_used,
+        "color_limit": program.hardware.colors,
+        "routes": len(program.routes),
+        "value_wavelets": sum(traffic.values()),
+        "weight_stream_bytes": _weight_stream_bytes(program) if program.mode == "streaming" else 0,
+        "columns_used": sum(w for _, w in used) if program.mode == "pipelined" else program.mesh.width,
+    }
+    return {"kernels": rows, "totals": totals}
+
+
+def _weight_stream_bytes(program: DataflowProgram) -> int:
+    """Streaming mode: the nonzeros and their indices that stream in from off-mesh memory per call."""
+    total = 0
+    for k in program.kernels:
+        if k.op != "sparse_matmul":
+            continue
+        for role in ("values", "row_idx", "col_ptr", "bias"):
+            if role in k.arrays:
+                total += program.specs[k.arrays[role]].nbytes
+    return total
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def kernel_table(program: DataflowProgram, limit: int | None = None) -> Any:
+    """A rich table with one row per kernel (the first ``limit`` and a count of the rest)."""
+    from rich.table import Table
+
+    s = summary(program)
+    table = Table(
+        title=f"{len(s['kernels'])} kernels on a {program.mesh} mesh ({program.mode}, {program.placement})"
+    )
+    for col in ("kernel", "op", "region", "nnz", "imbalance", "SRAM max", "colors"):
+        table.add_column(col, justify="right" if col in ("nnz", "imbalance", "SRAM max") else "left")
+    rows = s["kernels"] if limit is None else s["kernels"][:limit]
+    for r in rows:
+        x, y, w, h = r["region"]
+        table.add_row(
+            r["name"],
+            f"{r['op']} {r['fn']}".strip(),
+            f"{x},{y} {w}x{h}",
+            _fmt(r["nnz"], ","),
+            _fmt(r["imbalance"], ".3f"),
+            _fmt(r["sram_max"], ","),
+            ",".join(map(str, r["colors"])),
+        )
+    if limit is not None and len(s["kernels"]) > limit:
+        table.caption = f"... and {len(s['kernels']) - limit} more kernels"
+    return table
+
+
+def totals_table(program: DataflowProgram) -> Any:
+    """A rich table of the program's totals."""
+    from rich.table import Table
+
+    t = summary(program)["totals"]
+    table = Table(title="Program totals")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    density = "-" if t["density"] is None else f"{t['density']:.1%}"
+    rows = [
+        ("mesh, mode, placement", f"{t['mesh']}, {t['mode']}, {t['placement']}"),
+        ("kernels (sparse matmuls)", f"{t['kernels']} ({t['sparse_kernels']})"),
+        ("nonzeros stored / dense", f"{t['nnz']:,} / {t['dense']:,} ({density})"),
+        ("worst load imbalance (max/mean nnz per PE)", _fmt(t["max_imbalance"], ".3f")),
+        ("busiest PE's SRAM", f"{t['sram_max']:,} of {t['sram_bytes']:,} bytes"),
+        ("colors used", f"{t['colors']} of {t['color_limit']}"),
+        ("routes", str(t["routes"])),
+        ("value traffic per call (32-bit wavelets)", f"{t['value_wavelets']:,}"),
+        ("columns used", f"{t['columns_used']} of {program.mesh.width}"),
+    ]
+    if program.mode == "streaming":
+        rows.append(("weights streamed in per call", f"{t['weight_stream_bytes']:,} bytes"))
+    for row in rows:
+        table.add_row(*row)
+    return table
