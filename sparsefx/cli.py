@@ -5,6 +5,8 @@ subcommand lives in its own module of ``sparsefx.commands`` (listed in ``COMMAND
 
     $ sparsefx validate 0.9 --model mlp
     $ sparsefx inspect --model gpt-tiny --config sparsity.yaml --format json
+    $ sparsefx lower --model gpt-tiny --config 0.9 --mesh 64x64 -o model.sfxp
+    $ sparsefx inspect model.sfxp --png mesh.png
     $ sparsefx demo --steps 20
     $ sparsefx finalize -i sparse.pt -o dense.pt
 
@@ -28,13 +30,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import sparsefx
-from sparsefx.commands import demo, finalize, inspect, validate
+from sparsefx.commands import demo, finalize, inspect, lower, validate
 from sparsefx.errors import SparseFXError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # The subcommands in the order ``--help`` lists them; each module has ``add_parser(sub, common)``.
-COMMANDS = (validate, inspect, demo, finalize)
+COMMANDS = (validate, inspect, lower, demo, finalize)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 logger = logging.getLogger("sparsefx")
 

@@ -18,11 +18,14 @@ from sparsefx.models.names import BUILTIN_MODELS
 __all__ = ["model_args", "int_list", "positive_int", "non_negative_int"]
 
 
-def model_args(parser: argparse.ArgumentParser) -> None:
-    """``--model`` (required), ``--input-shape`` and ``--batch``: which model to build, on what inputs."""
+def model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--model``, ``--input-shape`` and ``--batch``: which model to build, on what inputs."""
     models = ", ".join(BUILTIN_MODELS)
     parser.add_argument(
-        "--model", required=True, metavar="SPEC", help=f"built-in name ({models}) or package.module:factory"
+        "--model",
+        required=required,
+        metavar="SPEC",
+        help=f"built-in name ({models}) or package.module:factory",
     )
     parser.add_argument(
         "--input-shape", type=int_list, metavar="DIMS", help="example input shape, e.g. 8,64 (batch first)"

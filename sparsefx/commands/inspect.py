@@ -1,6 +1,7 @@
-"""``sparsefx inspect``: compile a model on its example inputs; show the rewritten graph with FLOPs.
+"""``sparsefx inspect``: a compiled model's rewritten graph with FLOPs, or a program file's summary.
 
     $ sparsefx inspect --model gpt-tiny --config sparsity.yaml --format json
+    $ sparsefx inspect model.sfxp [--dot model.dot] [--png mesh.png] [--heat nnz|sram] [--all]
 
 Every node that reads a weight or is counted for FLOPs is one row::
 
@@ -47,8 +48,13 @@ def add_parser(
         description="Compile MODEL with CONFIG on its example inputs and show every node that reads a "
         "weight or is counted for FLOPs.",
     )
-    model_args(parser)
+    parser.add_argument("program", nargs="?", help="a program file (.sfxp) to summarize instead of a model")
+    model_args(parser, required=False)
     parser.add_argument("--config", help="YAML file, YAML text or a float; omit for the dense model")
+    parser.add_argument("--dot", metavar="FILE", help="program: write a Graphviz DOT of kernels and routes")
+    parser.add_argument("--png", metavar="FILE", help="program: draw the mesh (needs the plot extra)")
+    parser.add_argument("--heat", choices=("nnz", "sram"), default="nnz", help="program: --png heatmap")
+    parser.add_argument("--all", action="store_true", help="program: list every kernel (default: 40)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     parser.add_argument("--graph", action="store_true", help="also print the final graph code")
     parser.set_defaults(handler=cmd_inspect)
@@ -57,6 +63,10 @@ def add_parser(
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Compile on the example inputs and print the graph rows, totals and sparsity as a table or JSON."""
+    if args.program is not None:
+        return _inspect_program(args)
+    if args.model is None:
+        raise ConfigError("inspect needs --model SPEC (a model to compile) or a program file (.sfxp)")
     from sparsefx.config import load_config
     from sparsefx.models.registry import build_model
     from sparsefx.report import make_console
@@ -212,3 +222,29 @@ def _node_table(data: dict, compact: bool) -> Table:
 def _report(totals: dict[str, int], uncounted: Any = (), partial: str | None = None) -> sparsefx.FlopReport:
     """A ``FlopReport`` from the JSON totals, for ``report.flop_table``."""
     return sparsefx.FlopReport(**totals, uncounted=tuple(uncounted), partial=partial)
+
+
+def _inspect_program(args: argparse.Namespace) -> int:
+    """Load, verify and summarize a program file; optionally write its DOT graph and mesh picture."""
+    from sparsefx.report import make_console
+    from sparsefx.runtime.draw import draw_mesh, write_dot
+    from sparsefx.runtime.summary import kernel_table, summary, totals_table
+
+    if args.model is not None:
+        raise ConfigError("give either a program file or --model, not both")
+    program = sparsefx.load_program(args.program)
+    program.verify()
+    if args.dot:
+        write_dot(program, args.dot)
+    if args.png:
+        draw_mesh(program, args.png, what=args.heat)
+    if args.format == "json":
+        print(json.dumps(summary(program), indent=2))
+        return 0
+    console = make_console()
+    console.print(kernel_table(program, limit=None if args.all else 40))
+    console.print(totals_table(program))
+    for path, what in ((args.dot, "DOT graph"), (args.png, "mesh picture")):
+        if path:
+            console.print(f"wrote the {what} to {path}")
+    return 0

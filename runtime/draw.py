@@ -1,0 +1,138 @@
+"""Pictures of a program: a Graphviz DOT of kernels and routes, and a mesh picture with a per-PE heatmap.
+
+``program_graph`` is a ``networkx.MultiDiGraph`` (one node per kernel and host end, one edge per
+route leg with its color), ``write_dot`` writes it as DOT, and ``draw_mesh`` draws kernel regions
+and a per-PE nnz or SRAM heatmap with matplotlib (the ``plot`` extra)::
+
+    >>> import sparsefx
+    >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4)), 0.5, torch.ones(2, 8))
+    >>> g = program_graph(sparsefx.lower(sm, torch.ones(2, 8), mesh=(4, 4)))
+    >>> sorted(g.nodes), g.number_of_edges()
+    (['host:in', 'host:out', 'masked_linear'], 2)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sparsefx.atomic import atomic_write
+from sparsefx.errors import ProgramWriteError
+
+from .csc import pe_nnz
+from .memory import pe_bytes
+from .program import DataflowProgram
+
+__all__ = ["program_graph", "write_dot", "pe_grid", "draw_mesh"]
+
+
+def program_graph(program: DataflowProgram) -> Any:
+    """Kernels and host ends as nodes; each value route's (producer, consumer) leg as an edge."""
+    import networkx as nx
+
+    g = nx.MultiDiGraph()
+    g.add_node("host:in", label="host inputs")
+    g.add_node("host:out", label="host outputs")
+    for k in program.kernels:
+        r = k.region
+        nnz = f"\\nnnz {k.stats['nnz']:,}" if "nnz" in k.stats else ""
+        g.add_node(k.name, label=f"{k.name}\\n{k.op} {r.width}x{r.height} @ {r.x},{r.y}{nnz}")
+    for route in program.routes:
+        if route.kind != "value":
+            continue
+        src = "host:in" if route.src == "host" else route.src
+        for dst in route.dsts:
+            g.add_edge(src, "host:out" if dst == "host" else dst, label=f"{route.value} c{route.color}")
+    return g
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text).replace("\\\\n", "\\n")
+
+
+def write_dot(program: DataflowProgram, path: str | os.PathLike[str]) -> None:
+    """Write ``program_graph`` as a Graphviz DOT file (render with ``dot -Tsvg``)."""
+    g = program_graph(program)
+    lines = ["digraph program {", "  rankdir=LR;", "  node [shape=box, fontname=monospace];"]
+    for node, data in g.nodes(data=True):
+        lines.append(f"  {_quote(node)} [label={_quote(data['label'])}];")
+    for a, b, data in g.edges(data=True):
+        lines.append(f"  {_quote(a)} -> {_quote(b)} [label={_quote(data['label'])}];")
+    lines.append("}")
+    text = ("\n".join(lines) + "\n").encode()
+    atomic_write(Path(path), lambda file: file.write(text), ProgramWriteError, "DOT file")
+
+
+def pe_grid(program: DataflowProgram, what: str = "nnz") -> torch.Tensor:
+    """``[height, width]`` per-PE values: ``"nnz"`` (nonzeros held) or ``"sram"`` (bytes needed).
+
+    In streaming mode kernels share PEs one at a time, so a PE shows its largest value over kernels.
+    """
+    if what not in ("nnz", "sram"):
+        raise ValueError(f"what={what!r}: use 'nnz' or 'sram'")
+    grid = torch.zeros(program.mesh.height, program.mesh.width, dtype=torch.int64)
+    for k in program.kernels:
+        r = k.region
+        if what == "nnz":
+            if k.op != "sparse_matmul":
+                continue
+            values = pe_nnz(program.array(k, "nz_ptr"))
+        else:
+            values = pe_bytes(program, k)
+        window = grid[r.y : r.y + r.height, r.x : r.x + r.width]
+        torch.maximum(window, values.view(r.height, r.width), out=window)
+    return grid
+
+
+def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str = "nnz") -> None:
+    """A PNG of the mesh: the per-PE heatmap with each kernel's region outlined and the larger ones named."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+    except ImportError as exc:  # the optional extra
+        raise ImportError("drawing the mesh needs matplotlib: pip install 'sparsefx[plot]'") from exc
+    grid = pe_grid(program, what).float()
+    aspect = program.mesh.height / program.mesh.width
+    fig, ax = plt.subplots(figsize=(11, max(3.0, 11 * aspect * 0.8)))
+    shown = ax.imshow(grid.numpy(), cmap="viridis", interpolation="nearest", aspect="auto")
+    fig.colorbar(shown, ax=ax, label="nonzeros per PE" if what == "nnz" else "SRAM bytes per PE")
+    palette = plt.get_cmap("tab20")
+    span = program.mesh.width
+    for i, k in enumerate(program.kernels):
+        r = k.region
+        ax.add_patch(
+            Rectangle(
+                (r.x - 0.5, r.y - 0.5), r.width, r.height, fill=False, lw=0.6, edgecolor=palette(i % 20)
+            )
+        )
+        if k.op == "sparse_matmul" and r.width >= span / 40:
+            ax.text(
+                r.x + r.width / 2,
+                r.y + r.height / 2,
+                k.name,
+                color="white",
+                fontsize=6,
+                rotation=90,
+                ha="center",
+                va="center",
+            )
+    ax.set_xlabel("PE column (x)")
+    ax.set_ylabel("PE row (y)")
+    ax.set_title(
+        f"{len(program.kernels)} kernels on a {program.mesh} mesh, {program.mode}, {program.placement}"
+        f" placement: {'nonzeros' if what == 'nnz' else 'SRAM'} per PE"
+    )
+    fig.tight_layout()
+    try:
+        atomic_write(
+            Path(path), lambda file: fig.savefig(file, dpi=130, format="png"), ProgramWriteError, "picture"
+        )
+    finally:
+        plt.close(fig)
