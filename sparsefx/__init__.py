@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from .accounting import FlopReport, flops
     from .compiler import compile
     from .config import SparsityConfig, load_config
+    from .lowering import lower
     from .model import SparseModel
-    from .passes.lower import lower
     from .runtime.archive import load_program
     from .runtime.mesh import HardwareSpec, MeshSpec
     from .runtime.program import DataflowProgram
@@ -79,7 +79,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SparsityConfig": (".config", "SparsityConfig"),
     "SparseModel": (".model", "SparseModel"),
     "parse_program": (".runtime.text", "parse_program"),
-    "lower": (".passes.lower", "lower"),
+    "lower": (".lowering", "lower"),
     "DataflowProgram": (".runtime.program", "DataflowProgram"),
     "MeshSpec": (".runtime.mesh", "MeshSpec"),
     "HardwareSpec": (".runtime.mesh", "HardwareSpec"),

@@ -1,4 +1,4 @@
-"""The import graph of ``sparsefx`` has no cycle between the config layer and the algorithms.
+"""The import graph of ``sparsefx`` (with ``passes/`` and ``runtime/``) keeps its layers and has no cycle.
 
 The graph is read with ``ast``, not by importing: an edge ``a -> b`` means that running module ``a``'s
 top level imports ``b`` (imports inside functions and under ``if TYPE_CHECKING`` are left out). Importing
@@ -13,15 +13,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "sparsefx"
+# passes/ and runtime/ are top-level folders installed as sparsefx.passes and sparsefx.runtime
+SOURCES = {
+    "sparsefx": ROOT,
+    "sparsefx.passes": ROOT.parent / "passes",
+    "sparsefx.runtime": ROOT.parent / "runtime",
+}
 
 
-def _module_name(path: Path) -> str:
-    parts = ("sparsefx", *path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, base: str, folder: Path) -> str:
+    parts = (*base.split("."), *path.relative_to(folder).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+    return {
+        _module_name(path, base, folder): path
+        for base, folder in SOURCES.items()
+        for path in sorted(folder.rglob("*.py"))
+    }
 
 
 def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
@@ -151,3 +161,50 @@ def test_sparse_never_imports_passes() -> None:
 if __name__ == "__main__":
     for component in cycles(import_graph()):
         print(" <-> ".join(component))
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module an import statement anywhere in ``path`` names (function bodies included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_graph_sees_passes_and_runtime() -> None:
+    graph = import_graph()
+    assert "sparsefx.passes.lower.steps" in graph and "sparsefx.runtime.program" in graph
+
+
+def test_runtime_imports_neither_passes_nor_fx() -> None:
+    """The dataflow program and its tools stand alone: no graph passes, no torch.fx, not even lazily."""
+    for name, path in _modules().items():
+        if not name.startswith("sparsefx.runtime"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        wrong = sorted(
+            m for m in _all_imports(path) if m.startswith(("sparsefx.passes", "torch.fx")) or m == "torch.fx"
+        )
+        wrong += ["from .. passes"] if "from ..passes" in text else []
+        wrong += ["torch import fx"] if "from torch import fx" in text else []
+        assert not wrong, f"{name} imports {wrong}"
+
+
+def test_passes_never_import_the_assembly_layer() -> None:
+    """Passes (lowering included) work on graphs; the model, compiler and capture sit above them."""
+    above = (
+        "sparsefx.compiler",
+        "sparsefx.model",
+        "sparsefx.dispatch",
+        "sparsefx.capture",
+        "sparsefx.lowering",
+    )
+    for name, path in _modules().items():
+        if not name.startswith("sparsefx.passes"):
+            continue
+        wrong = sorted(m for m in _all_imports(path) if m.startswith(above))
+        assert not wrong, f"{name} imports {wrong}"

@@ -11,7 +11,6 @@ import transformers
 import sparsefx
 from sparsefx.errors import LoweringError, VerifyError
 from sparsefx.models import build_model
-from sparsefx.passes.lower import lower
 from sparsefx.runtime.csc import assemble
 from sparsefx.runtime.mesh import HardwareSpec
 
@@ -57,7 +56,7 @@ def expected_weight(sm: sparsefx.SparseModel, kernel) -> tuple[torch.Tensor, tor
 @pytest.mark.parametrize("name", list(MESH))
 def test_builtin_models_verify_and_reassemble_exactly(compiled, name: str, mode: str, placement: str) -> None:
     sm, args = compiled[name]
-    program = lower(sm, args, mesh=MESH[name], mode=mode, placement=placement)
+    program = sparsefx.lower(sm, args, mesh=MESH[name], mode=mode, placement=placement)
     program.verify()
     sparse = [k for k in program.kernels if k.op == "sparse_matmul"]
     assert {k.attrs["param"] for k in sparse} >= set(sm.plan.sparse)
@@ -75,7 +74,7 @@ def test_builtin_models_verify_and_reassemble_exactly(compiled, name: str, mode:
 
 def test_pipelined_regions_do_not_overlap_and_fill_the_lanes(compiled) -> None:
     sm, args = compiled["gpt-tiny"]
-    program = lower(sm, args, mesh=(64, 64))
+    program = sparsefx.lower(sm, args, mesh=(64, 64))
     xs = [(k.region.x, k.region.x + k.region.width) for k in program.kernels]
     assert all(a1 <= b0 for (_, a1), (b0, _) in zip(xs, xs[1:]))
     assert {k.region.height for k in program.kernels} == {program.meta["lanes"]}
@@ -85,7 +84,7 @@ def test_pipelined_regions_do_not_overlap_and_fill_the_lanes(compiled) -> None:
 def test_every_op_of_the_model_is_lowered(compiled) -> None:
     """Nothing is dropped: every masked op and attention of gpt-tiny has its kernels."""
     sm, args = compiled["gpt-tiny"]
-    program = lower(sm, args, mesh=(64, 64))
+    program = sparsefx.lower(sm, args, mesh=(64, 64))
     ops = [k.op for k in program.kernels]
     assert ops.count("sparse_matmul") == 9  # 4 masked linears x 2 blocks + the dense lm_head
     assert ops.count("matmul") == 4  # scores and context per block
@@ -96,7 +95,7 @@ def test_every_op_of_the_model_is_lowered(compiled) -> None:
 def test_the_model_keeps_its_mode(compiled) -> None:
     sm, args = compiled["mlp"]
     sm.train()
-    lower(sm, args, mesh=(16, 16))
+    sparsefx.lower(sm, args, mesh=(16, 16))
     assert sm.training
 
 
@@ -108,7 +107,7 @@ def test_hf_gpt2_from_export_lowers() -> None:
     model = transformers.GPT2LMHeadModel(config).eval()
     ids = torch.randint(0, 300, (2, 16))
     sm = sparsefx.compile(model, 0.9, (ids,))
-    program = lower(sm, (ids,), mesh=(64, 64), mode="streaming")
+    program = sparsefx.lower(sm, (ids,), mesh=(64, 64), mode="streaming")
     program.verify()
     kinds = {k.op for k in program.kernels}
     assert {"sparse_matmul", "matmul", "softmax", "layer_norm", "embedding"} <= kinds
@@ -117,14 +116,14 @@ def test_hf_gpt2_from_export_lowers() -> None:
 def test_errors_name_the_bad_value(compiled) -> None:
     sm, args = compiled["mlp"]
     with pytest.raises(LoweringError, match="mode 'fast' is not valid"):
-        lower(sm, args, mode="fast")
+        sparsefx.lower(sm, args, mode="fast")
     with pytest.raises(LoweringError, match="placement 'rows' is not valid"):
-        lower(sm, args, placement="rows")
+        sparsefx.lower(sm, args, placement="rows")
     with pytest.raises(LoweringError, match="takes a compiled model"):
-        lower(torch.nn.Linear(2, 2), torch.ones(1, 2))
+        sparsefx.lower(torch.nn.Linear(2, 2), torch.ones(1, 2))
     gpt, gargs = compiled["gpt-tiny"]
     with pytest.raises(LoweringError, match="needs at least .* columns .* Use mode='streaming'"):
-        lower(gpt, gargs, mesh=(16, 16))
+        sparsefx.lower(gpt, gargs, mesh=(16, 16))
 
 
 class _Fft(torch.nn.Module):
@@ -135,23 +134,23 @@ class _Fft(torch.nn.Module):
 def test_an_op_without_a_rule_is_an_error_naming_it() -> None:
     sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), _Fft()), 0.5, torch.ones(2, 8))
     with pytest.raises(LoweringError, match="op 'fft_fft'|op 'fft'"):
-        lower(sm, torch.ones(2, 8), mesh=(8, 8))
+        sparsefx.lower(sm, torch.ones(2, 8), mesh=(8, 8))
 
 
 def test_sram_overflow_grows_the_region_or_says_how_much(compiled) -> None:
     sm, args = compiled["mlp"]
-    roomy = lower(sm, args, mesh=(16, 16))
-    tight = lower(sm, args, mesh=(16, 16), hardware=HardwareSpec(sram_bytes=2048))
+    roomy = sparsefx.lower(sm, args, mesh=(16, 16))
+    tight = sparsefx.lower(sm, args, mesh=(16, 16), hardware=HardwareSpec(sram_bytes=2048))
     first = [k for k in tight.kernels if k.op == "sparse_matmul"][0]
     assert first.stats["sram_max"] <= 2048
     assert first.region.width >= [k for k in roomy.kernels if k.op == "sparse_matmul"][0].region.width
     with pytest.raises(LoweringError, match="bytes"):
-        lower(sm, args, mesh=(16, 16), hardware=HardwareSpec(sram_bytes=64))
+        sparsefx.lower(sm, args, mesh=(16, 16), hardware=HardwareSpec(sram_bytes=64))
 
 
 def test_verify_names_the_kernel_and_pe(compiled) -> None:
     sm, args = compiled["mlp"]
-    program = lower(sm, args, mesh=(16, 16))
+    program = sparsefx.lower(sm, args, mesh=(16, 16))
     k0, k1 = program.kernels[:2]
     k1.region = dataclasses.replace(k1.region, x=k0.region.x)
     with pytest.raises(
@@ -159,7 +158,7 @@ def test_verify_names_the_kernel_and_pe(compiled) -> None:
     ):
         program.verify()
 
-    program = lower(sm, args, mesh=(16, 16))
+    program = sparsefx.lower(sm, args, mesh=(16, 16))
     k = program.kernels[0]
     row_idx = program.arrays[k.arrays["row_idx"]]
     nz = program.arrays[k.arrays["nz_ptr"]]
@@ -169,17 +168,17 @@ def test_verify_names_the_kernel_and_pe(compiled) -> None:
     with pytest.raises(VerifyError, match=rf"kernel '{k.name}': row_idx of PE \(\d+, \d+\)"):
         program.verify()
 
-    program = lower(sm, args, mesh=(16, 16))
+    program = sparsefx.lower(sm, args, mesh=(16, 16))
     program.routes[0] = dataclasses.replace(program.routes[0], color=24)
     with pytest.raises(VerifyError, match="uses color 24; the hardware has 24"):
         program.verify()
 
-    program = lower(sm, args, mesh=(16, 16))
+    program = sparsefx.lower(sm, args, mesh=(16, 16))
     program.hardware = HardwareSpec(sram_bytes=256)
     with pytest.raises(VerifyError, match=r"PE \(\d+, \d+\) needs \d+ bytes of SRAM; a PE has 256"):
         program.verify()
 
-    program = lower(sm, args, mesh=(16, 16))
+    program = sparsefx.lower(sm, args, mesh=(16, 16))
     dropped = next(r for r in program.routes if r.kind == "value" and r.dsts and r.dsts[0] != "host")
     program.routes.remove(dropped)
     with pytest.raises(VerifyError, match="no route carries its input"):
@@ -188,7 +187,7 @@ def test_verify_names_the_kernel_and_pe(compiled) -> None:
 
 def test_a_route_that_loses_its_data_fails_verify(compiled) -> None:
     sm, args = compiled["mlp"]
-    program = lower(sm, args, mesh=(16, 16))
+    program = sparsefx.lower(sm, args, mesh=(16, 16))
     route = next(r for r in program.routes if r.kind == "value" and r.src != "host")
     runs = program.arrays["routes.runs"]
     runs[route.first, 1] += 1  # the first lane's run moves one row down: its hops land on nothing

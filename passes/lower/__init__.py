@@ -1,15 +1,13 @@
-"""Lowering: a compiled sparse model -> a ``DataflowProgram`` for a mesh of PEs.
+"""Lowering a captured graph to a ``DataflowProgram`` for a mesh of PEs (``sparsefx.lower`` is the entry).
 
-``lower`` takes the model's eval-mode graph for the example call and runs the steps of
-``steps.py`` under the ``PassManager``: walk the graph into kernels (``rules.py``), size their
-regions (``place.py``), place their data (``place_sparse.py`` for the sparse matmuls), connect them
-(``connect.py``) and verify the program::
+``lower_graph`` runs the steps of ``steps.py`` under the ``PassManager`` on one graph and its example
+call: walk the graph into kernels (``rules.py``), size their regions (``place.py``), place their data
+(``place_sparse.py``, ``place_balanced.py``), connect them (``connect.py``) and verify the program::
 
-    >>> import sparsefx
-    >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), 0.5)
-    >>> program = lower(sm, torch.randn(2, 8), mesh=(4, 4))
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()))
+    >>> program = lower_graph(gm, (torch.randn(2, 8),), {}, mesh=(4, 4))
     >>> [k.op for k in program.kernels], program.kernels[0].stats["nnz"]
-    (['sparse_matmul', 'elementwise'], 16)
+    (['sparse_matmul', 'elementwise'], 32)
 """
 
 from __future__ import annotations
@@ -17,93 +15,55 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
+from torch import fx
 
 from sparsefx.errors import LoweringError
-from sparsefx.runtime.mesh import HardwareSpec, MeshSpec, mesh_spec
+from sparsefx.runtime.mesh import PRESETS, HardwareSpec, MeshSpec, mesh_spec
 from sparsefx.runtime.mesh import hardware as hardware_spec
 from sparsefx.runtime.program import MODES, PLACEMENTS, DataflowProgram
 
 from ..manager import PassManager
 from . import steps
 
-__all__ = ["lower"]
+__all__ = ["lower_graph"]
 
 
-def lower(
-    sm: Any,
-    example_inputs: Any,
+def lower_graph(
+    graph: fx.GraphModule,
+    args: tuple,
+    kwargs: dict,
     mesh: MeshSpec | tuple[int, int] | str = (64, 64),
     mode: str = "pipelined",
     placement: str = "balanced",
     hardware: HardwareSpec | str | None = None,
     *,
+    skip: Callable[[fx.Node], bool] | None = None,
     debug: bool = False,
     on_step: Callable[[str], None] | None = None,
 ) -> DataflowProgram:
-    """Lower compiled model ``sm`` for one call with ``example_inputs`` (a tensor, a tuple or a dict).
+    """Lower ``graph`` called with ``args``/``kwargs`` (run in eval mode, no grad).
 
     ``mesh`` is ``(width, height)``, ``"WxH"``, a ``MeshSpec`` or a preset name; ``hardware`` a
-    ``HardwareSpec`` or a preset name (default: the mesh preset's, else WSE-2). ``on_step(name)`` is
-    called before each step (for progress bars). The model is lowered in eval mode; its own mode is
-    left as it was.
+    ``HardwareSpec`` or a preset name (default: the mesh preset's, else WSE-2). ``skip(node)`` names
+    nodes that compute nothing the program needs (an exported graph's guard check). ``on_step(name)``
+    is called before each step (progress bars).
     """
-    from sparsefx.compiler import normalize_inputs
-    from sparsefx.dispatch import CapturedModule
-    from sparsefx.model import SparseModel
-
     if mode not in MODES:
         raise LoweringError(f"mode {mode!r} is not valid; use one of {', '.join(MODES)}")
     if placement not in PLACEMENTS:
         raise LoweringError(f"placement {placement!r} is not valid; use one of {', '.join(PLACEMENTS)}")
-    if not isinstance(sm, SparseModel):
-        raise LoweringError(
-            f"lower takes a compiled model (sparsefx.compile(model, config)), not a {type(sm).__name__}"
-        )
     target = mesh_spec(mesh)
-    hw = hardware_spec(
-        hardware if hardware is not None else (mesh if isinstance(mesh, str) and mesh in _presets() else None)
-    )
-    args, kwargs = normalize_inputs(example_inputs)
-    graph = _eval_graph(sm, args, kwargs, CapturedModule)
+    preset = mesh if isinstance(mesh, str) and mesh in PRESETS else None
+    hw = hardware_spec(hardware if hardware is not None else preset)
     state = steps.LoweringState(graph, args, kwargs, target, hw, mode, placement)
+    state.meta["skip"] = skip
     passes = [_Announce(s, on_step) for s in steps.STEPS] if on_step else list(steps.STEPS)
     manager = PassManager(passes, debug=debug, text=steps.text, verify=lambda s: None, label="lower")
     manager(state)
     program = state.program
     assert program is not None
-    program.meta = {
-        "model": type(sm._root.tree if isinstance(sm._root, CapturedModule) else sm._root).__name__,
-        "capture": sm.capture_method,
-        "lanes": state.meta["lanes"],
-        "sparse_params": sorted(sm.plan.sparse),
-    }
+    program.meta = {"lanes": state.meta["lanes"]}
     return program
-
-
-def _presets() -> dict:
-    from sparsefx.runtime.mesh import PRESETS
-
-    return PRESETS
-
-
-def _eval_graph(sm: Any, args: tuple, kwargs: dict, captured_cls: type) -> torch.fx.GraphModule:
-    root = sm._root
-    if not isinstance(root, captured_cls):
-        parts = ", ".join(f"{p!r}" for p in sm.graphs if p) or "none"
-        raise LoweringError(
-            f"the model was captured in parts (captured submodules: {parts}); its root "
-            f"{type(root).__name__}.forward runs eagerly, so there is no whole-model graph to lower. "
-            f"Capture log: {'; '.join(sm.capture_log[-2:]) or 'empty'}"
-        )
-    was_training = sm.training
-    sm.eval()
-    try:
-        with torch.no_grad():
-            sm(*args, **kwargs)  # captures (or recaptures) the eval graph for this call if needed
-            return root.graph_for(args, kwargs).graph_module
-    finally:
-        sm.train(was_training)
 
 
 class _Announce:

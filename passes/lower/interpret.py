@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,6 @@ from torch import fx
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
-from sparsefx.capture import is_guard_check
 from sparsefx.errors import LoweringError
 
 from .builder import Builder, Ref
@@ -98,8 +98,13 @@ def _has_ref(value: Any) -> bool:
     return any(isinstance(leaf, Ref) for leaf in pytree.tree_leaves(value))
 
 
-def walk_graph(gm: fx.GraphModule, args: tuple, kwargs: dict) -> Walk:
-    """Lower every node of ``gm`` called with ``args``/``kwargs``; see the module docstring."""
+def walk_graph(
+    gm: fx.GraphModule, args: tuple, kwargs: dict, skip: Callable[[fx.Node], bool] | None = None
+) -> Walk:
+    """Lower every node of ``gm`` called with ``args``/``kwargs``; see the module docstring.
+
+    ``skip(node)`` names nodes that compute nothing the program needs (an exported graph's guard check).
+    """
     b = Builder()
     interp = fx.Interpreter(gm, garbage_collect_values=False)
     interp.args_iter = iter(_flat_inputs(gm, args, kwargs))
@@ -116,7 +121,7 @@ def walk_graph(gm: fx.GraphModule, args: tuple, kwargs: dict) -> Walk:
             if node.op == "placeholder":
                 low[node] = b.input(node.name, real) if isinstance(real, torch.Tensor) else real
                 continue
-            if node.op == "get_attr" or is_guard_check(node):
+            if node.op == "get_attr" or (skip is not None and skip(node)):
                 low[node] = real
                 continue
             largs = fx.node.map_arg(node.args, lambda n: low[n])

@@ -63,7 +63,7 @@ class WalkGraph:
     name: ClassVar[str] = "walk-graph"
 
     def __call__(self, state: LoweringState) -> PassResult:
-        walk = walk_graph(state.graph, state.args, state.kwargs)
+        walk = walk_graph(state.graph, state.args, state.kwargs, state.meta.get("skip"))
         state.pending = walk.builder.pending
         state.program = None
         state.meta["walk"] = walk

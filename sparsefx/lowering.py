@@ -1,0 +1,93 @@
+"""``sparsefx.lower``: a compiled model, for one kind of call, to a ``DataflowProgram``.
+
+It takes the model's eval-mode graph for the example call (captured now if the model has none for
+it; the model's own mode is left as it was) and lowers it with ``sparsefx.passes.lower``::
+
+    >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), 0.5)
+    >>> program = lower(sm, torch.randn(2, 8), mesh=(4, 4))
+    >>> [k.op for k in program.kernels], program.kernels[0].stats["nnz"], program.meta["capture"]
+    (['sparse_matmul', 'elementwise'], 16, 'fx')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from .capture import is_guard_check
+from .compiler import normalize_inputs
+from .dispatch import CapturedModule
+from .errors import LoweringError
+from .model import SparseModel
+from .passes.lower import lower_graph
+from .runtime.mesh import HardwareSpec, MeshSpec
+from .runtime.program import DataflowProgram
+
+__all__ = ["lower"]
+
+
+def lower(
+    sm: SparseModel,
+    example_inputs: Any,
+    mesh: MeshSpec | tuple[int, int] | str = (64, 64),
+    mode: str = "pipelined",
+    placement: str = "balanced",
+    hardware: HardwareSpec | str | None = None,
+    *,
+    debug: bool = False,
+    on_step: Callable[[str], None] | None = None,
+) -> DataflowProgram:
+    """Lower ``sm`` for a call with ``example_inputs`` (a tensor, a tuple of args or a dict of kwargs).
+
+    ``mesh`` is ``(width, height)``, ``"WxH"``, a ``MeshSpec`` or a preset name (``wse2``, ``wse3``,
+    ``tiny``, ``small``, ``medium``); ``mode`` ``"pipelined"`` or ``"streaming"``; ``placement``
+    ``"block"`` or ``"balanced"``; ``hardware`` a ``HardwareSpec`` or a preset name.
+    ``on_step(name)`` is called before each lowering step (for progress bars).
+    """
+    if not isinstance(sm, SparseModel):
+        raise LoweringError(
+            f"lower takes a compiled model (sparsefx.compile(model, config)), not a {type(sm).__name__}"
+        )
+    args, kwargs = normalize_inputs(example_inputs)
+    graph = _eval_graph(sm, args, kwargs)
+    program = lower_graph(
+        graph,
+        args,
+        kwargs,
+        mesh,
+        mode,
+        placement,
+        hardware,
+        skip=is_guard_check,
+        debug=debug,
+        on_step=on_step,
+    )
+    root = sm._root
+    program.meta |= {
+        "model": type(root.tree if isinstance(root, CapturedModule) else root).__name__,
+        "capture": sm.capture_method,
+        "sparse_params": sorted(sm.plan.sparse),
+    }
+    return program
+
+
+def _eval_graph(sm: SparseModel, args: tuple, kwargs: dict) -> fx.GraphModule:
+    root = sm._root
+    if not isinstance(root, CapturedModule):
+        parts = ", ".join(f"{p!r}" for p in sm.graphs if p) or "none"
+        raise LoweringError(
+            f"the model was captured in parts (captured submodules: {parts}); its root "
+            f"{type(root).__name__}.forward runs eagerly, so there is no whole-model graph to lower. "
+            f"Capture log: {'; '.join(sm.capture_log[-2:]) or 'empty'}"
+        )
+    was_training = sm.training
+    sm.eval()
+    try:
+        with torch.no_grad():
+            sm(*args, **kwargs)  # captures (or recaptures) the eval graph for this call if needed
+            return root.graph_for(args, kwargs).graph_module
+    finally:
+        sm.train(was_training)
