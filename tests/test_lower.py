@@ -113,6 +113,51 @@ def test_hf_gpt2_from_export_lowers() -> None:
     assert {"sparse_matmul", "matmul", "softmax", "layer_norm", "embedding"} <= kinds
 
 
+def test_hf_bert_encoder_from_export_lowers() -> None:
+    """A BERT encoder with token-type and position embeddings and an attention mask, called by keywords."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=300,
+        max_position_embeddings=32,
+    )
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 300, (2, 16))
+    types = torch.zeros_like(ids)
+    types[:, 8:] = 1
+    call = {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones_like(ids)}
+    sm = sparsefx.compile(model, 0.9, call)
+    program = sparsefx.lower(sm, call, mesh=(64, 64), mode="streaming", placement="block")
+    program.verify()
+    assert [s.name for s in program.inputs] == ["input_ids", "token_type_ids", "attention_mask"]
+    assert [k.op for k in program.kernels].count("embedding") == 2  # words and token types
+    assert program.output_tree["type"] == "dataclass"
+    assert program.output_tree["keys"] == ["last_hidden_state", "pooler_output"]
+    assert str(sparsefx.parse_program(str(program))) == str(program)
+
+
+class _EagerRoot(torch.nn.Module):
+    """Python control flow on a tensor value in the root: fx and export fail, the root stays eager."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if float(x.sum()) > 0 else self.b(x)
+
+
+def test_a_model_captured_in_parts_says_which_part_is_eager() -> None:
+    x = torch.ones(2, 8)
+    sm = sparsefx.compile(_EagerRoot(), 0.5, x)
+    assert sm.capture_method == "partial"
+    with pytest.raises(LoweringError, match="captured in parts .*its root _EagerRoot.forward runs eagerly"):
+        sparsefx.lower(sm, x, mesh=(8, 8))
+
+
 def test_errors_name_the_bad_value(compiled) -> None:
     sm, args = compiled["mlp"]
     with pytest.raises(LoweringError, match="mode 'fast' is not valid"):

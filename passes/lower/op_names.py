@@ -32,6 +32,16 @@ _OPERATORS = {
     operator.matmul: "matmul",
     operator.iadd: "add",
     operator.imul: "mul",
+    operator.and_: "bitwise_and",
+    operator.or_: "bitwise_or",
+    operator.xor: "bitwise_xor",
+    operator.invert: "bitwise_not",
+    operator.eq: "eq",
+    operator.ne: "ne",
+    operator.lt: "lt",
+    operator.le: "le",
+    operator.gt: "gt",
+    operator.ge: "ge",
 }
 
 _ALIASES = {
@@ -61,6 +71,10 @@ _ALIASES = {
     "_scaled_dot_product_flash_attention_for_cpu": "sdpa_flash",
     "masked_fill_": "masked_fill",
     "relu_": "relu",
+    "__and__": "bitwise_and",
+    "__or__": "bitwise_or",
+    "__xor__": "bitwise_xor",
+    "__invert__": "bitwise_not",
     "add_": "add",
     "mul_": "mul",
 }

@@ -21,7 +21,7 @@ from torch import fx, nn
 from sparsefx.errors import LoweringError
 from sparsefx.op_table import MASKED
 
-from .builder import Builder, Ref, SparseWeight
+from .builder import Builder, Ref, SparseWeight, dtype_name
 
 __all__ = ["Call", "RULES", "ELEMENTWISE", "IDENTITY"]
 
@@ -61,7 +61,8 @@ ELEMENTWISE = (
     "relu", "gelu", "tanh", "sigmoid", "silu", "neg", "exp", "log", "sqrt", "rsqrt", "abs", "erf",
     "reciprocal", "sin", "cos", "add", "sub", "rsub", "mul", "div", "pow", "maximum", "minimum",
     "where", "masked_fill", "to", "type_as", "float", "half", "bfloat16", "eq", "ne", "lt", "le", "gt",
-    "ge", "logical_not", "logical_and", "logical_or", "bitwise_not", "clamp", "square",
+    "ge", "logical_not", "logical_and", "logical_or", "bitwise_not", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "clamp", "square",
 )  # fmt: skip
 """Ops lowered to one ``elementwise`` kernel: tensors become inputs, scalars stay in ``attrs``."""
 
@@ -98,8 +99,17 @@ def _plain(value: Any) -> Any:
     raise LoweringError(f"{value!r} ({type(value).__name__}) cannot be a kernel attribute")
 
 
+_CASTS = ("to", "type_as", "float", "half", "bfloat16")
+
+
 @_rule(*ELEMENTWISE)
-def _elementwise(b: Builder, c: Call) -> Ref:
+def _elementwise(b: Builder, c: Call) -> Any:
+    if c.name in _CASTS:  # device and copy arguments mean nothing on the mesh; only the dtype does
+        x = _ref(b, c.args[0], c.node.name)
+        if b.values[x.name][1] == dtype_name(c.out.dtype):
+            return x
+        attrs = {"fn": "cast", "args": [{"in": 0}], "kwargs": {"dtype": _plain(c.out.dtype)}}
+        return b.emit(c.node.name, "elementwise", [x], c.out, attrs)
     operands, inputs = [], []
     for i, a in enumerate(c.args):
         if isinstance(a, (Ref, torch.Tensor)) and (isinstance(a, Ref) or a.dim() > 0):
@@ -109,9 +119,6 @@ def _elementwise(b: Builder, c: Call) -> Ref:
             operands.append({"scalar": a.item()})
         else:
             operands.append({"scalar": _plain(a)})
-    if c.name in ("type_as",):
-        operands = operands[:1]
-        inputs = inputs[:1]
     kwargs = {k: _plain(v) for k, v in c.kwargs.items() if not isinstance(v, (Ref, torch.Tensor))}
     for k, v in c.kwargs.items():
         if isinstance(v, (Ref, torch.Tensor)):
@@ -119,12 +126,7 @@ def _elementwise(b: Builder, c: Call) -> Ref:
             kwargs[k] = {"in": len(inputs) - 1}
     if c.module is not None and c.name == "gelu":
         kwargs["approximate"] = c.module.approximate
-    fn = {"to": "cast", "type_as": "cast", "float": "cast", "half": "cast", "bfloat16": "cast"}.get(
-        c.name, c.name
-    )
-    attrs = {"fn": fn, "args": operands, "kwargs": kwargs}
-    if fn == "cast":
-        attrs["kwargs"] = {"dtype": _plain(c.out.dtype)}
+    attrs = {"fn": c.name, "args": operands, "kwargs": kwargs}
     return b.emit(c.node.name, "elementwise", inputs, c.out, attrs)
 
 
@@ -240,6 +242,22 @@ def _getitem(b: Builder, c: Call) -> Any:
         else:
             raise c.error(f"index {item!r} cannot be lowered")
     return b.emit(c.node.name, "layout", [base], c.out, {"fn": "index", "index": spec})
+
+
+@_rule("index")
+def _index(b: Builder, c: Call) -> Ref:
+    """``x[i0, i1, ...]`` with index tensors the program knows (aten.index): a gather, costed as routing."""
+    x = _ref(b, c.args[0], c.node.name)
+    positions, payload = [], {}
+    for k, idx in enumerate(c.arg(1, "indices")):
+        if idx is None:
+            positions.append(None)
+        elif isinstance(idx, Ref):
+            raise c.error("indexing with indices the model computes from its inputs cannot be lowered")
+        else:
+            payload[f"index{k}"] = idx.detach().clone()
+            positions.append(f"index{k}")
+    return b.emit(c.node.name, "layout", [x], c.out, {"fn": "gather", "indices": positions}, payload=payload)
 
 
 @_rule("cat", "concat", "concatenate", "stack")
