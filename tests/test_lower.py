@@ -72,6 +72,8 @@ def assert_reassembles(sm: sparsefx.SparseModel, program) -> None:
             arrays, k.attrs["in_features"], k.attrs["out_features"], k.region.width, k.region.height
         )
         want_w, want_m = expected_weight(sm, k)
+        a = k.attrs.get("out_offset", 0)  # a part of a weight streamed in passes
+        want_w, want_m = want_w[a : a + k.attrs["out_features"]], want_m[a : a + k.attrs["out_features"]]
         assert torch.equal(got_m, want_m), k.name
         assert torch.equal(got_w, want_w), k.name
         assert k.stats["nnz"] == int(want_m.sum())
@@ -96,6 +98,22 @@ def test_every_op_of_the_model_is_lowered(compiled) -> None:
     assert ops.count("matmul") == 4  # scores and context per block
     assert ops.count("softmax") == 2 and ops.count("layer_norm") == 5 and ops.count("embedding") == 1
     assert program.outputs == ["lm_head"] and program.output_tree == {"type": "tensor", "index": 0}
+
+
+def test_streaming_runs_a_layer_too_big_for_the_mesh_in_passes(compiled) -> None:
+    """Weights stream in: a matmul whose data exceeds the mesh's SRAM runs as slices of its outputs."""
+    sm, args = compiled["mlp"]
+    small = HardwareSpec(sram_bytes=4096)
+    with pytest.raises(LoweringError, match="bytes|columns"):
+        sparsefx.lower(sm, args, mesh=(2, 2), hardware=small)  # pipelined: everything resident at once
+    program = sparsefx.lower(sm, args, mesh=(2, 2), mode="streaming", hardware=small)
+    program.verify()
+    parts = [k for k in program.kernels if ".part" in k.name]
+    assert parts and all(k.op == "sparse_matmul" and "out_offset" in k.attrs for k in parts)
+    whole = {k.name.split(".part")[0] for k in parts}
+    assert all(program.kernel(name).attrs == {"fn": "cat", "dim": 1, "lanes": 2} for name in whole)
+    assert_reassembles(sm, program)
+    assert str(sparsefx.parse_program(str(program))) == str(program)
 
 
 def test_the_model_keeps_its_mode(compiled) -> None:

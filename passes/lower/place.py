@@ -110,13 +110,18 @@ def regions(
     lanes: int,
     mode: str,
     max_widths: list[int] | None = None,
+    names: list[str] | None = None,
 ) -> list[Region]:
     """One region per kernel (see the module docstring)."""
     caps = max_widths or [mesh.width] * len(min_widths)
+    label = names or [f"number {i}" for i in range(len(min_widths))]
     if mode == "streaming":
         for i, w in enumerate(min_widths):
             if w > mesh.width:
-                raise LoweringError(f"kernel {i} needs {w} columns of {lanes} PEs; the mesh has {mesh.width}")
+                raise LoweringError(
+                    f"kernel {label[i]!r} needs {w} columns of {lanes} PEs for its data; "
+                    f"the mesh has {mesh.width}"
+                )
         return [Region(0, 0, max(w, min(c, mesh.width)), lanes) for w, c in zip(min_widths, caps)]
     need = sum(min_widths)
     if need > mesh.width:

@@ -27,6 +27,7 @@ from .connect import assign, internal_routes, tasks_for, value_routes
 from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
+from .split_streamed import split
 
 __all__ = ["LoweringState", "WalkGraph", "SizeRegions", "PlaceData", "Connect", "VerifyProgram", "STEPS"]
 
@@ -82,7 +83,29 @@ class SizeRegions:
         sram = state.hardware.sram_bytes
         state.meta["lanes"] = lanes
         state.widths = [min_width(p, lanes, sram) for p in state.pending]
+        if state.mode == "streaming":
+            self._split_streamed(state, lanes, sram)
         return PassResult(state, True)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _split_streamed(state: LoweringState, lanes: int, sram: int) -> None:
+        """Streaming: a matmul wider than the mesh runs in passes over slices of its outputs."""
+        pending, widths = [], []
+        for p, w in zip(state.pending, state.widths):
+            if p.sparse is None or w <= state.mesh.width:
+                pending.append(p)
+                widths.append(w)
+                continue
+            parts = -(-w // state.mesh.width)
+            while True:
+                pieces = split(p, parts)
+                need = [min_width(q, lanes, sram) for q in pieces]
+                if max(need) <= state.mesh.width or parts >= p.sparse.weight.shape[0]:
+                    break
+                parts *= 2
+            pending += pieces
+            widths += need
+        state.pending, state.widths = pending, widths
 
 
 def _kernel(p: Pending, region: Region) -> Kernel:
@@ -103,7 +126,9 @@ class PlaceData:
         works = [work(p) for p in state.pending]
         caps = [max(w, max_width(p, lanes, state.mesh)) for p, w in zip(state.pending, state.widths)]
         for _ in range(self.attempts):
-            regs = regions(state.widths, works, state.mesh, lanes, state.mode, caps)
+            regs = regions(
+                state.widths, works, state.mesh, lanes, state.mode, caps, [p.name for p in state.pending]
+            )
             program, grow = self._build(state, regs)
             if not grow:
                 state.program = program
