@@ -52,24 +52,22 @@ def place_balanced(
     # Within each row, order by output then input, the outputs counted cyclically from the row's first
     # nonzero's: a row holding the tail of one input (outputs a..out) and the head of the next
     # (outputs 0..b) is then one run a..out, 0..b, and no PE's range spans the gap between b and a.
+    in_lo_row, in_hi_row = _row_inputs(j, row_start, height)  # before j leaves input order
     first_out = i[row_start[:-1].clamp(max=max(nnz - 1, 0))].to(torch.int64) if nnz else torch.zeros(height)
-    rot = (i.to(torch.int64) - first_out[row]) % out_features
-    key = row.to(torch.int64) * out_features + rot
-    order = torch.sort(key, stable=True).indices
+    rot = ((i.to(torch.int64) - first_out[row]) % out_features).to(torch.int32)
+    key = _small(row.to(torch.int64) * out_features + rot, height * out_features)
+    order = torch.sort(key, stable=True).indices  # sorting keeps each row's block where it is
     del key
-    count = row_start[1:] - row_start[:-1]
-    pe_start = (
-        (row_start[:-1, None] + (torch.arange(width + 1) * count[:, None]) // width)[:, :-1]
-        .reshape(-1)
-        .contiguous()
-    )
-    pe_in_row_order = torch.searchsorted(pe_start, torch.arange(nnz), right=True) - 1
-    pe = torch.empty(nnz, dtype=torch.int64)
-    pe[order] = pe_in_row_order
-    del order, pe_in_row_order
-    # CSC order: by PE, then input, then local output (the cyclic order from the row's first output).
-    csc = torch.sort((pe * in_features + j) * out_features + rot).indices
-    pe_s, j_s, i_s, rot_s = pe[csc], j[csc], i[csc], rot[csc]
+    j, i, rot = j[order], i[order], rot[order]
+    del order
+    # PE of each position: in row r (count n), chunk c starts at floor(c * n / width).
+    count = (row_start[1:] - row_start[:-1])[row.to(torch.int64)]
+    pos = torch.arange(nnz) - row_start[:-1][row.to(torch.int64)]
+    pe = row.to(torch.int64) * width + ((pos + 1) * width + count - 1) // count.clamp(min=1) - 1
+    del count, pos, row
+    # CSC order: by PE, then input; a stable sort keeps the (cyclic) output order within each input.
+    csc = torch.sort(_small(pe * in_features + j, pes * in_features), stable=True).indices
+    pe_s, j_s, i_s, rot_s = pe[csc], j[csc], i[csc], rot[csc].to(torch.int64)
     del pe, csc, rot
     per_pe = torch.bincount(pe_s, minlength=pes)
     nz_ptr = torch.zeros(pes + 1, dtype=torch.int64)
@@ -79,7 +77,6 @@ def place_balanced(
     out_lo = torch.where(per_pe > 0, (rot_lo + base) % out_features, 0)
     out_hi = out_lo + (rot_hi - rot_lo)  # may pass out_features: the range wraps to output 0
     row_first = torch.repeat_interleave(torch.arange(height), width)
-    in_lo_row, in_hi_row = _row_inputs(j, row_start, height)
     in_lo, in_hi = in_lo_row[row_first], in_hi_row[row_first]
     out_lo, out_hi = _fill_empty(out_lo, out_hi, per_pe, width)
     spans = in_hi - in_lo
@@ -102,6 +99,11 @@ def place_balanced(
         "row_idx": local.to(torch.int32 if wide else torch.int16),
         "values": values,
     }
+
+
+def _small(key: torch.Tensor, bound: int) -> torch.Tensor:
+    """``key`` as int32 when every value is below ``bound`` < 2**31 (sorting int32 is faster)."""
+    return key.to(torch.int32) if bound < 2**31 else key
 
 
 def _ranges(
