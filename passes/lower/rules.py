@@ -425,6 +425,8 @@ def _masked(b: Builder, c: Call) -> Ref:
     bias = None if isinstance(ops.bias, Ref) else ops.bias
     if isinstance(ops.bias, Ref):
         raise c.error("a bias computed by the model cannot be lowered")
+    if kind == "addmm":
+        return _addmm_kernel(b, c, ops.input, w.contiguous(), m.contiguous(), bias, param, attrs)
     return _matmul_kernel(b, c, ops.input, SparseWeight(w.contiguous(), m.contiguous(), bias, param), attrs)
 
 
@@ -504,6 +506,8 @@ def _linear(b: Builder, c: Call) -> Ref:
 def _dense_conv(b: Builder, c: Call) -> Ref:
     m = c.module
     if m is not None:
+        if m.padding_mode != "zeros":
+            raise c.error(f"padding_mode={m.padding_mode!r} cannot be lowered; only zero padding")
         x, w, bias = c.args[0], m.weight, m.bias
         flags = {"stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
         param = c.node.target + ".weight"
@@ -527,7 +531,33 @@ def _addmm(b: Builder, c: Call) -> Ref:
     x = _ref(b, x, c.node.name)
     wt = w.detach().t().contiguous()
     attrs = {"kind": "addmm", "beta": _plain(c.arg(3, "beta", 1)), "alpha": _plain(c.arg(4, "alpha", 1))}
-    return _matmul_kernel(b, c, x, SparseWeight(wt, _dense(wt), bias.detach(), _param_name(c, 2)), attrs)
+    return _addmm_kernel(b, c, x, wt, _dense(wt), bias.detach(), _param_name(c, 2), attrs)
+
+
+def _addmm_kernel(
+    b: Builder,
+    c: Call,
+    x: Ref,
+    w: torch.Tensor,
+    m: torch.Tensor,
+    bias: torch.Tensor | None,
+    param: str,
+    attrs: dict[str, Any],
+) -> Ref:
+    """``beta * bias + alpha * (x @ w.T)``: the east column adds one bias per output, so a bias that
+    broadcasts along the rows ([out], [1, out], a scalar) is stored as ``[out]``; one that varies by row
+    becomes an ``add`` of the constant ``beta * bias`` after a bias-free kernel."""
+    rows, out = c.out.shape
+    if bias is None or bias.dim() < 2 or bias.shape[0] == 1:
+        vector = None if bias is None else torch.broadcast_to(bias.detach(), (rows, out))[0].contiguous()
+        return _matmul_kernel(b, c, x, SparseWeight(w, m, vector, param), attrs)
+    product = _matmul_kernel(b, c, x, SparseWeight(w, m, None, param), attrs)
+    if attrs["beta"] == 0:  # as torch.addmm: the bias is ignored
+        return product
+    full = (torch.broadcast_to(bias.detach(), (rows, out)) * attrs["beta"]).contiguous()
+    const = b.const(full, f"{c.node.name}_bias")
+    add = {"fn": "add", "args": [{"in": 0}, {"in": 1}], "kwargs": {}}
+    return b.emit(f"{c.node.name}_add_bias", "elementwise", [product, const], c.out, add)
 
 
 def _act_matmul(
@@ -570,7 +600,7 @@ def _matmul(b: Builder, c: Call) -> Ref:
 @_rule("sdpa", "sdpa_flash")
 def _sdpa(b: Builder, c: Call) -> Any:
     q, k, v = (_ref(b, c.arg(i, n), f"{c.node.name}_{n}") for i, n in enumerate(("query", "key", "value")))
-    mask = c.arg(3, "attn_mask", None) if c.name == "sdpa" else None
+    mask = c.arg(3, "attn_mask", None) if c.name == "sdpa" else c.kwargs.get("attn_mask")
     if c.arg(4, "dropout_p", 0.0) if c.name == "sdpa" else c.arg(3, "dropout_p", 0.0):
         raise c.error("attention dropout must be 0 to lower (lower the model in eval mode)")
     causal = bool(c.arg(5, "is_causal", False) if c.name == "sdpa" else c.arg(4, "is_causal", False))

@@ -1,0 +1,187 @@
+"""Run a ``DataflowProgram`` on inputs: the values its kernels compute, rebuilt as the model returns them.
+
+``evaluate`` checks the inputs against the program's input streams (names, shapes, dtypes), runs the
+kernels in program order through ``runtime.semantics.RULES`` (the sparse matmuls from their per-PE CSC
+slices, ``runtime/sparse_eval.py``) and rebuilds the outputs from ``program.output_tree``. It is the
+value semantics the cycle-level executors reuse; it never calls the model::
+
+    >>> import sparsefx
+    >>> torch.manual_seed(0) and None
+    >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()), 0.5)
+    >>> x = torch.randn(2, 8)
+    >>> program = sparsefx.lower(sm, x, mesh=(4, 4))
+    >>> torch.allclose(evaluate(program, x), sm.eval()(x), rtol=1e-4, atol=1e-5)
+    True
+    >>> evaluate(program, torch.randn(3, 8))
+    Traceback (most recent call last):
+    ...
+    sparsefx.errors.EmulationError: input 'input_1' has shape [3, 8]; the program was lowered for [2, 8]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from sparsefx.errors import EmulationError
+
+from .program import DTYPES, DataflowProgram
+from .semantics import apply
+
+__all__ = ["evaluate", "bind_inputs", "rebuild_outputs"]
+
+
+class _OnDevice(Mapping):
+    """``program.arrays`` moved to ``device`` when first read (each payload once)."""
+
+    def __init__(self, arrays: Mapping[str, torch.Tensor], device: torch.device) -> None:
+        self._arrays, self._device, self._moved = arrays, device, {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._moved:
+            self._moved[name] = self._arrays[name].to(self._device)
+        return self._moved[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._arrays
+
+
+def bind_inputs(program: DataflowProgram, inputs: Any) -> dict[str, torch.Tensor]:
+    """``{stream name: tensor}`` from a tensor, a tuple/list of positional args or a dict of kwargs.
+
+    Positional args match the program's inputs in order, kwargs by name; ``None`` stands for an argument
+    the model was called without (no stream). A missing or extra input, a non-tensor, or a shape or dtype
+    other than lowered for is an ``EmulationError`` naming the input, what it is and what was expected.
+    """
+    streams = program.inputs
+    if inputs is None:
+        given: dict[str, Any] = {}
+    elif isinstance(inputs, Mapping):
+        given = {str(k): v for k, v in inputs.items() if v is not None}
+        extra = [k for k in given if k not in {s.name for s in streams}]
+        if extra:
+            raise EmulationError(
+                f"inputs {extra} are not inputs of the program; it takes {[s.name for s in streams]}"
+            )
+    else:
+        args = [a for a in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)) if a is not None]
+        if len(args) > len(streams):
+            raise EmulationError(
+                f"{len(args)} positional inputs given; the program takes {len(streams)}: "
+                f"{[s.name for s in streams]}"
+            )
+        given = {s.name: a for s, a in zip(streams, args)}
+    missing = [s.name for s in streams if s.name not in given]
+    if missing:
+        raise EmulationError(f"inputs {missing} are missing; the program takes {[s.name for s in streams]}")
+    for s in streams:
+        value = given[s.name]
+        if not isinstance(value, torch.Tensor):
+            raise EmulationError(f"input {s.name!r} is a {type(value).__name__}, not a tensor")
+        if tuple(value.shape) != tuple(s.shape):
+            raise EmulationError(
+                f"input {s.name!r} has shape {list(value.shape)}; the program was lowered for {list(s.shape)}"
+            )
+        if DTYPES.get(s.dtype) != value.dtype:
+            raise EmulationError(
+                f"input {s.name!r} has dtype {str(value.dtype).removeprefix('torch.')}; "
+                f"the program was lowered for {s.dtype}"
+            )
+    return {s.name: given[s.name] for s in streams}
+
+
+def evaluate(program: DataflowProgram, inputs: Any, device: str | torch.device | None = None) -> Any:
+    """The program's outputs on ``inputs``, in the model's own output structure (module docstring).
+
+    ``inputs`` takes the forms ``sparsefx.compile`` takes (``bind_inputs``). Kernels run in order on
+    ``device`` (the CPU by default; payloads move there when first read). Outputs come back as the model
+    returns them: tensors, tuples, lists, dicts, and dataclasses rebuilt by ``rebuild_outputs`` (a class
+    whose module is not imported, or that is neither a dataclass nor a ``transformers`` ``ModelOutput``,
+    comes back as a dict of its fields). Any failure is an ``EmulationError`` naming the kernel.
+    """
+    if not program.has_payloads:
+        raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
+    device = torch.device(device if device is not None else "cpu")
+    values = {name: t.to(device) for name, t in bind_inputs(program, inputs).items()}
+    view = dataclasses.replace(program, arrays=_OnDevice(program.arrays, device))
+    last = {name: i for i, k in enumerate(program.kernels) for name in k.inputs}
+    keep = set(program.outputs)
+    with torch.no_grad():
+        for i, k in enumerate(program.kernels):
+            missing = [n for n in k.inputs if n not in values]
+            if missing:
+                raise EmulationError(f"kernel {k.name!r} ({k.op}): reads {missing}, not computed before it")
+            values[k.name] = apply(view, k, [values[n] for n in k.inputs])
+            for name in set(k.inputs):
+                if last[name] == i and name not in keep:
+                    del values[name]  # its last reader has run
+    missing = [n for n in program.outputs if n not in values]
+    if missing:
+        raise EmulationError(f"outputs {missing} are computed by no kernel")
+    return rebuild_outputs(program.output_tree, [values[n] for n in program.outputs])
+
+
+def rebuild_outputs(tree: Any, outputs: list[Any]) -> Any:
+    """The model's output structure from ``output_tree`` and the output values (in ``program.outputs``).
+
+    >>> tree = {"type": "dict", "keys": ["a", "b"],
+    ...         "items": [{"type": "tensor", "index": 0}, {"type": "const", "value": None}]}
+    >>> rebuild_outputs(tree, [torch.ones(1)])
+    {'a': tensor([1.]), 'b': None}
+    """
+    if not isinstance(tree, dict) or "type" not in tree:
+        raise EmulationError(f"output tree node {tree!r} has no type")
+    kind = tree["type"]
+    if kind == "tensor":
+        index = tree.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(outputs):
+            raise EmulationError(f"output tree names output {index!r}; the program has {len(outputs)}")
+        return outputs[index]
+    if kind == "const":
+        return tree.get("value")
+    items = [rebuild_outputs(item, outputs) for item in tree.get("items", [])]
+    if kind in ("tuple", "list"):
+        return tuple(items) if kind == "tuple" else items
+    keys = tree.get("keys") or []
+    if kind == "dict":
+        return dict(zip(keys, items))
+    if kind == "dataclass":
+        if len(keys) != len(items):
+            return tuple(items)
+        return _instance(str(tree.get("class", "")), dict(zip(keys, items)))
+    raise EmulationError(
+        f"output tree node type {kind!r} is not tensor, const, tuple, list, dict or dataclass"
+    )
+
+
+def _instance(path: str, fields: dict[str, Any]) -> Any:
+    """``cls(**fields)`` for an imported dataclass or ``ModelOutput`` named ``path``, else ``fields``."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        cls: Any = module
+        for name in parts[cut:]:
+            cls = getattr(cls, name, None)
+        if isinstance(cls, type) and (dataclasses.is_dataclass(cls) or _is_model_output(cls)):
+            try:
+                return cls(**fields)
+            except TypeError:  # fields it does not take in __init__
+                return fields
+        return fields
+    return fields
+
+
+def _is_model_output(cls: type) -> bool:
+    return any(b.__name__ == "ModelOutput" and b.__module__.startswith("transformers.") for b in cls.__mro__)
