@@ -265,3 +265,43 @@ def test_a_route_that_loses_its_data_fails_verify(compiled) -> None:
     runs[route.first, 1] += 1  # the first lane's run moves one row down: its hops land on nothing
     with pytest.raises(VerifyError):
         program.verify()
+
+
+class _InPlace(torch.nn.Module):
+    """In-place ops whose input is read again afterwards: readers must see the written value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.act = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        y = torch.nn.functional.relu(h, inplace=True)
+        z = h + y  # h was written by the relu
+        w = z.mul_(2)
+        a = self.act(z)
+        return z + a + w
+
+
+class _InPlaceView(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 1.0
+        x[:, :4].relu_()
+        return x
+
+
+def test_in_place_ops_are_followed_and_views_refused() -> None:
+    from sparsefx.runtime.evaluate import evaluate
+
+    x = torch.randn(4, 8)
+    sm = sparsefx.compile(_InPlace(), 0.5, x)
+    sm.eval()
+    program = sparsefx.lower(sm, x, mesh=(8, 8))
+    fresh = torch.randn(4, 8)
+    assert torch.allclose(evaluate(program, fresh), sm(fresh), rtol=1e-4, atol=1e-5)
+    gm = torch.fx.symbolic_trace(_InPlaceView())
+    from sparsefx.passes.lower import lower_graph
+
+    with pytest.raises(LoweringError, match="writes in place into .* a view"):
+        lower_graph(gm, (x,), {}, mesh=(8, 8))

@@ -94,6 +94,35 @@ def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
     return f"{node.name}: {prefix}{target}"
 
 
+def _mutates(node: fx.Node, module: Any) -> bool:
+    """Whether ``node`` writes its first argument in place (``x.relu_()``, ``F.relu(x, inplace=True)``)."""
+    if module is not None:
+        return bool(getattr(module, "inplace", False))
+    if node.op == "call_method":
+        return str(node.target).endswith("_") and not str(node.target).endswith("__")
+    name = getattr(node.target, "__name__", "")
+    return node.kwargs.get("inplace") is True or (name.endswith("_") and not name.endswith("__"))
+
+
+def _follow_mutation(gm: fx.GraphModule, node: fx.Node, module: Any, low: dict, env: dict) -> None:
+    """After an in-place op, later readers of the tensor it wrote read the op's result.
+
+    Writing through a view also changes the tensor it views, which the program cannot follow: that is
+    a ``LoweringError`` rather than a silently different result.
+    """
+    if not _mutates(node, module) or not node.args or not isinstance(node.args[0], fx.Node):
+        return
+    target = node.args[0]
+    value = env.get(target)
+    if isinstance(value, torch.Tensor) and value._base is not None:
+        raise LoweringError(
+            f"cannot lower node {node.format_node()}: it writes in place into {target.name!r}, a view of "
+            "another tensor; use the out-of-place form"
+        )
+    if isinstance(low.get(target), Ref):
+        low[target] = low[node]
+
+
 def _has_ref(value: Any) -> bool:
     return any(isinstance(leaf, Ref) for leaf in pytree.tree_leaves(value))
 
@@ -137,6 +166,7 @@ def walk_graph(
                     f"ops with rules: {', '.join(sorted(RULES))}"
                 )
             low[node] = rule(b, Call(name, node, tuple(largs), dict(lkwargs), real, module))
+            _follow_mutation(gm, node, module, low, interp.env)
     if output is None:
         raise LoweringError("the graph has no output node")
     outputs: list[str] = []
