@@ -305,3 +305,31 @@ def test_in_place_ops_are_followed_and_views_refused() -> None:
 
     with pytest.raises(LoweringError, match="writes in place into .* a view"):
         lower_graph(gm, (x,), {}, mesh=(8, 8))
+
+
+class _Attributes(torch.nn.Module):
+    """``x.T`` and ``x.mT`` read data (they are not folded like ``x.shape``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h.T @ h + h.mT.sum() * h.shape[0]
+
+
+def test_tensor_attributes_that_read_data_are_lowered_not_folded() -> None:
+    from sparsefx.runtime.evaluate import evaluate
+
+    x = torch.randn(4, 8)
+    sm = sparsefx.compile(_Attributes(), 0.5, x)
+    sm.eval()
+    program = sparsefx.lower(sm, x, mesh=(8, 8))
+    assert [k.attrs.get("dims") for k in program.kernels if k.attrs.get("fn") == "permute"] == [
+        [1, 0],
+        [1, 0],
+    ]
+    assert not [k for k in program.kernels if k.op == "constant"]  # before: h.T became a constant
+    fresh = torch.randn(4, 8)
+    assert torch.allclose(evaluate(program, fresh), sm(fresh), rtol=1e-4, atol=1e-5)

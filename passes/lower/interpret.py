@@ -32,8 +32,11 @@ from .rules import RULES, Call
 
 __all__ = ["Walk", "walk_graph", "SHAPE_OPS"]
 
-SHAPE_OPS = frozenset({"size", "dim", "numel", "getattr", "sym_size", "sym_numel", "sym_stride", "stride"})
+SHAPE_OPS = frozenset({"size", "dim", "numel", "sym_size", "sym_numel", "sym_stride", "stride"})
 """Ops whose result is known from shapes alone: always folded, even on data values."""
+
+METADATA = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse"})
+"""Tensor attributes that describe a value without reading it: ``getattr`` of these folds."""
 
 
 @dataclass
@@ -156,7 +159,13 @@ def walk_graph(
             largs = fx.node.map_arg(node.args, lambda n: low[n])
             lkwargs = fx.node.map_arg(node.kwargs, lambda n: low[n])
             name, module = _op_name(gm, node)
-            if name in SHAPE_OPS or not _has_ref((largs, lkwargs)):
+            if name == "getattr" and _has_ref(largs[:1]) and largs[1] not in METADATA:
+                name = f"attr_{largs[1]}"  # x.T, x.mT ...: a data op, with its own rule (or an error)
+            if (
+                name in SHAPE_OPS
+                or (name == "getattr" and largs[1] in METADATA)
+                or not _has_ref((largs, lkwargs))
+            ):
                 low[node] = real
                 continue
             rule = RULES.get(name)

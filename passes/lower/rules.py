@@ -155,10 +155,13 @@ def _expand(b: Builder, c: Call) -> Ref:
     return b.emit(c.node.name, "layout", [x], c.out, {"fn": "expand", "shape": list(c.out.shape)})
 
 
-@_rule("permute", "transpose", "t", "swapaxes")
+@_rule("permute", "transpose", "t", "swapaxes", "attr_T", "attr_mT")
 def _permute(b: Builder, c: Call) -> Ref:
     x = _ref(b, c.args[0], c.node.name)
     ndim = len(b.shape(x))
+    if c.name in ("attr_T", "attr_mT"):  # x.T reverses every dim; x.mT swaps the last two
+        dims = list(range(ndim))[::-1] if c.name == "attr_T" else [*range(ndim - 2), ndim - 1, ndim - 2]
+        return b.emit(c.node.name, "layout", [x], c.out, {"fn": "permute", "dims": dims})
     if c.name == "permute":
         dims = c.args[1:] if len(c.args) > 2 or isinstance(c.arg(1, "dims"), int) else c.arg(1, "dims")
         dims = [_dim(int(d), ndim) for d in dims]
