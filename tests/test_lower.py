@@ -333,3 +333,19 @@ def test_tensor_attributes_that_read_data_are_lowered_not_folded() -> None:
     assert not [k for k in program.kernels if k.op == "constant"]  # before: h.T became a constant
     fresh = torch.randn(4, 8)
     assert torch.allclose(evaluate(program, fresh), sm(fresh), rtol=1e-4, atol=1e-5)
+
+
+class _Noisy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + torch.randn(x.shape[0], 8)
+
+
+def test_random_draws_are_refused_not_frozen() -> None:
+    x = torch.randn(4, 8)
+    sm = sparsefx.compile(_Noisy(), 0.5, x)
+    with pytest.raises(LoweringError, match=r"draws random numbers \(randn\)"):
+        sparsefx.lower(sm, x, mesh=(8, 8))

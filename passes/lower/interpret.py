@@ -35,6 +35,12 @@ __all__ = ["Walk", "walk_graph", "SHAPE_OPS"]
 SHAPE_OPS = frozenset({"size", "dim", "numel", "sym_size", "sym_numel", "sym_stride", "stride"})
 """Ops whose result is known from shapes alone: always folded, even on data values."""
 
+RANDOM = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "normal",
+    "uniform", "multinomial", "poisson", "normal_", "uniform_", "bernoulli_", "exponential_", "random_",
+})  # fmt: skip
+"""Ops that draw random numbers: a program has no generator, and folding one would freeze its draw."""
+
 METADATA = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse"})
 """Tensor attributes that describe a value without reading it: ``getattr`` of these folds."""
 
@@ -159,6 +165,11 @@ def walk_graph(
             largs = fx.node.map_arg(node.args, lambda n: low[n])
             lkwargs = fx.node.map_arg(node.kwargs, lambda n: low[n])
             name, module = _op_name(gm, node)
+            if name in RANDOM:
+                raise LoweringError(
+                    f"cannot lower node {node.format_node()}: the model draws random numbers ({name}) in "
+                    "its forward, and a program has no random number generator"
+                )
             if name == "getattr" and _has_ref(largs[:1]) and largs[1] not in METADATA:
                 name = f"attr_{largs[1]}"  # x.T, x.mT ...: a data op, with its own rule (or an error)
             if (
