@@ -11,6 +11,7 @@ it; the model's own mode is left as it was) and lowers it with ``sparsefx.passes
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,14 @@ def lower(
         debug=debug,
         on_step=on_step,
     )
+    written = program.meta.get("state_not_updated")
+    if written:
+        warnings.warn(
+            f"the model's forward writes {', '.join(written)}; the program computes with the values they "
+            "had when it was lowered and does not update them, so its outputs match the model's only while "
+            "that state does not change",
+            stacklevel=2,
+        )
     root = sm._root
     program.meta |= {
         "model": type(root.tree if isinstance(root, CapturedModule) else root).__name__,

@@ -349,3 +349,30 @@ def test_random_draws_are_refused_not_frozen() -> None:
     sm = sparsefx.compile(_Noisy(), 0.5, x)
     with pytest.raises(LoweringError, match=r"draws random numbers \(randn\)"):
         sparsefx.lower(sm, x, mesh=(8, 8))
+
+
+class _RunningMean(torch.nn.Module):
+    """Forward updates buffers (an EMA and a counter) in eval mode too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("running", torch.zeros(8))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        self.running.mul_(0.9).add_(h.mean(0) * 0.1)
+        self.count += 1
+        return h + self.running
+
+
+def test_state_the_forward_writes_is_named_in_a_warning() -> None:
+    x = torch.randn(4, 8)
+    sm = sparsefx.compile(_RunningMean(), 0.5, x)
+    with pytest.warns(
+        UserWarning, match="forward writes running, count; the program computes with the values"
+    ):
+        program = sparsefx.lower(sm, x, mesh=(8, 8))
+    assert program.meta["state_not_updated"] == ["running", "count"]
+    assert str(sparsefx.parse_program(str(program))) == str(program)

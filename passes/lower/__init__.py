@@ -63,6 +63,9 @@ def lower_graph(
     program = state.program
     assert program is not None
     program.meta = {"lanes": state.meta["lanes"]}
+    written = state.meta["walk"].written_state
+    if written:  # the program computes with their values at lowering; it cannot update them
+        program.meta["state_not_updated"] = written
     return program
 
 

@@ -52,6 +52,7 @@ class Walk:
     builder: Builder
     outputs: list[str]
     output_tree: Any
+    written_state: list[str] = dataclasses.field(default_factory=list)
 
 
 def _flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
@@ -113,6 +114,18 @@ def _mutates(node: fx.Node, module: Any) -> bool:
     return node.kwargs.get("inplace") is True or (name.endswith("_") and not name.endswith("__"))
 
 
+def _writes_state(node: fx.Node, module: Any) -> bool:
+    """Whether ``node`` writes in place into a parameter or buffer of the model (a ``get_attr``)."""
+    if node.op not in ("call_function", "call_method", "call_module") or not node.args:
+        return False
+    first = node.args[0]
+    if not isinstance(first, fx.Node) or first.op != "get_attr":
+        return False
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema.is_mutable
+    return _mutates(node, module) or getattr(node.target, "__name__", "") in ("copy_", "setitem")
+
+
 def _follow_mutation(gm: fx.GraphModule, node: fx.Node, module: Any, low: dict, env: dict) -> None:
     """After an in-place op, later readers of the tensor it wrote read the op's result.
 
@@ -147,6 +160,7 @@ def walk_graph(
     interp = fx.Interpreter(gm, garbage_collect_values=False)
     interp.args_iter = iter(_flat_inputs(gm, args, kwargs))
     low: dict[fx.Node, Any] = {}
+    written: list[str] = []  # parameters and buffers the forward writes: the program cannot
     output = None
     with torch.no_grad():
         for node in gm.graph.nodes:
@@ -165,6 +179,8 @@ def walk_graph(
             largs = fx.node.map_arg(node.args, lambda n: low[n])
             lkwargs = fx.node.map_arg(node.kwargs, lambda n: low[n])
             name, module = _op_name(gm, node)
+            if _writes_state(node, module) and str(node.args[0].target) not in written:
+                written.append(str(node.args[0].target))
             if name in RANDOM:
                 raise LoweringError(
                     f"cannot lower node {node.format_node()}: the model draws random numbers ({name}) in "
@@ -198,7 +214,7 @@ def walk_graph(
     else:
         tree = _tree(b, value, outputs)
     _drop_dead(b, outputs)
-    return Walk(b, outputs, tree)
+    return Walk(b, outputs, tree, written)
 
 
 def _leaf(b: Builder, value: Any, outputs: list[str]) -> Any:
