@@ -23,7 +23,11 @@ from .compiler import normalize_inputs
 from .dispatch import CapturedModule
 from .errors import LoweringError
 from .model import SparseModel
+from .passes.count_flops import CountFlops
 from .passes.lower import lower_graph
+from .passes.manager import PassManager
+from .passes.meta import FLOPS
+from .passes.shape_prop import PropagateShapes
 from .runtime.mesh import HardwareSpec, MeshSpec
 from .runtime.program import DataflowProgram
 
@@ -54,6 +58,7 @@ def lower(
         )
     args, kwargs = normalize_inputs(example_inputs)
     graph = _eval_graph(sm, args, kwargs)
+    _count_flops(graph, args, kwargs)
     program = lower_graph(
         graph,
         args,
@@ -81,6 +86,15 @@ def lower(
         "sparse_params": sorted(sm.plan.sparse),
     }
     return program
+
+
+def _count_flops(graph: fx.GraphModule, args: tuple, kwargs: dict) -> None:
+    """Run propagate-shapes and count-flops on a graph captured after compile (which runs only the rewrite),
+    so that lowering reads count-flops' figures for every kernel. The compile-time graphs, whose counts
+    accounting reads, already have theirs and are left alone."""
+    if FLOPS in graph.meta:
+        return
+    PassManager([PropagateShapes((args, kwargs)), CountFlops()], label="lower")(graph)
 
 
 def _eval_graph(sm: SparseModel, args: tuple, kwargs: dict) -> fx.GraphModule:

@@ -376,3 +376,18 @@ def test_state_the_forward_writes_is_named_in_a_warning() -> None:
         program = sparsefx.lower(sm, x, mesh=(8, 8))
     assert program.meta["state_not_updated"] == ["running", "count"]
     assert str(sparsefx.parse_program(str(program))) == str(program)
+
+
+def test_kernel_flops_are_count_flops_figures_at_the_lowered_shapes(compiled) -> None:
+    from sparsefx.passes.lower.flops import counted_flops
+
+    sm, args = compiled["mlp"]  # compiled (and counted) for a batch of 8
+    at_compile = sparsefx.lower(sm, args, mesh=(16, 16))
+    sm.eval()
+    counted = counted_flops(sm._root.graph_for(args, {}).graph_module, args, {})
+    for k in (k for k in at_compile.kernels if k.op == "sparse_matmul"):
+        assert k.stats["flops"] == counted[k.name] == 2 * k.stats["nnz"] * args[0].shape[0]
+    x = torch.randn(3, args[0].shape[1])  # another batch: counts made for 8 rows are not used for 3
+    assert counted_flops(sm._root.graph_for((x,), {}).graph_module, (x,), {}) == {}
+    program = sparsefx.lower(sm, x, mesh=(16, 16))  # its own 2 * nnz * rows then
+    assert all(k.stats["flops"] == 2 * k.stats["nnz"] * 3 for k in program.kernels if k.op == "sparse_matmul")

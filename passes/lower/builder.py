@@ -59,6 +59,7 @@ class Pending:
     sparse: SparseWeight | None = None
     source: str = ""
     flops: int = 0
+    node: str = ""  # the graph node it was lowered from
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -78,6 +79,7 @@ class Builder:
         self.values: dict[str, tuple[tuple[int, ...], str]] = {}
         self._consts: dict[int, tuple[torch.Tensor, Ref]] = {}
         self.source = ""
+        self.node = ""
 
     def input(self, name: str, value: torch.Tensor) -> Ref:
         """Declare a host input stream."""
@@ -129,6 +131,7 @@ class Builder:
                 sparse,
                 source if source is not None else self.source,
                 flops,
+                self.node,
             )
         )
         self.values[name] = (shape, dtype)

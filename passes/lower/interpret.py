@@ -55,7 +55,7 @@ class Walk:
     written_state: list[str] = dataclasses.field(default_factory=list)
 
 
-def _flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
+def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
     codegen = gm.graph._codegen
     in_spec = getattr(getattr(codegen, "pytree_info", None), "in_spec", None)
     if in_spec is not None:
@@ -158,13 +158,13 @@ def walk_graph(
     """
     b = Builder()
     interp = fx.Interpreter(gm, garbage_collect_values=False)
-    interp.args_iter = iter(_flat_inputs(gm, args, kwargs))
+    interp.args_iter = iter(flat_inputs(gm, args, kwargs))
     low: dict[fx.Node, Any] = {}
     written: list[str] = []  # parameters and buffers the forward writes: the program cannot
     output = None
     with torch.no_grad():
         for node in gm.graph.nodes:
-            b.source = _describe(gm, node)
+            b.source, b.node = _describe(gm, node), node.name
             if node.op == "output":
                 output = node
                 break

@@ -24,6 +24,7 @@ from sparsefx.runtime.program import DataflowProgram, Kernel, Region
 from ..manager import PassResult
 from .builder import Pending
 from .connect import assign, internal_routes, tasks_for, value_routes
+from .flops import counted_flops
 from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
@@ -66,6 +67,7 @@ class WalkGraph:
     def __call__(self, state: LoweringState) -> PassResult:
         walk = walk_graph(state.graph, state.args, state.kwargs, state.meta.get("skip"))
         state.pending = walk.builder.pending
+        state.meta["flops"] = counted_flops(state.graph, state.args, state.kwargs)
         state.program = None
         state.meta["walk"] = walk
         return PassResult(state, True)  # type: ignore[arg-type]
@@ -151,7 +153,8 @@ class PlaceData:
         for i, (pend, region) in enumerate(zip(state.pending, regs)):
             k = _kernel(pend, region)
             p.kernels.append(k)
-            _arrays(p, k, pend, state.placement, cache.setdefault((i, region.width, region.height), {}))
+            placed = cache.setdefault((i, region.width, region.height), {})
+            _arrays(p, k, pend, state.placement, placed, state.meta["flops"])
             need = pe_bytes(p, k) if k.region.pes else torch.zeros(1)
             k.stats["sram_max"] = int(need.max())
             if k.stats["sram_max"] > state.hardware.sram_bytes:
@@ -165,13 +168,16 @@ class PlaceData:
         return p, grow
 
 
-def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed: dict) -> None:
+def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed: dict, flops: dict) -> None:
     for role, tensor in pend.payload.items():
         k.arrays[role] = p.add_array(f"{k.name}.{role}", tensor.reshape(-1) if tensor.dim() != 1 else tensor)
         k.attrs.setdefault("shapes", {})[role] = list(tensor.shape)
     k.stats["flops"] = pend.flops
     if pend.sparse is None:
         return
+    counted = flops.get(pend.node)  # count-flops' figure for the graph node (a streamed part keeps its share)
+    if counted is not None and "out_offset" not in pend.attrs:
+        k.stats["flops"] = counted
     sw = pend.sparse
     if not placed:
         placed.update(place_sparse(sw.weight, sw.mask, k.region.width, k.region.height, placement))
