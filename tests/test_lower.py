@@ -391,3 +391,29 @@ def test_kernel_flops_are_count_flops_figures_at_the_lowered_shapes(compiled) ->
     assert counted_flops(sm._root.graph_for((x,), {}).graph_module, (x,), {}) == {}
     program = sparsefx.lower(sm, x, mesh=(16, 16))  # its own 2 * nnz * rows then
     assert all(k.stats["flops"] == 2 * k.stats["nnz"] * 3 for k in program.kernels if k.op == "sparse_matmul")
+
+
+class _AlwaysDropout(torch.nn.Module):
+    """``F.dropout`` without ``training=`` drops in eval mode too (its default is True)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(self.fc(x), 0.1)
+
+
+class _ModeDropout(_AlwaysDropout):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(self.fc(x), 0.1, training=self.training)
+
+
+def test_an_active_dropout_is_refused_and_an_eval_one_is_the_identity() -> None:
+    x = torch.randn(4, 8)
+    sm = sparsefx.compile(_AlwaysDropout(), 0.5, x)
+    with pytest.raises(LoweringError, match="dropout is active"):
+        sparsefx.lower(sm, x, mesh=(8, 8))
+    sm = sparsefx.compile(_ModeDropout(), 0.5, x)
+    program = sparsefx.lower(sm, x, mesh=(8, 8))
+    assert [k.op for k in program.kernels] == ["sparse_matmul"]

@@ -18,6 +18,7 @@ travel from kernel to kernel along mesh rows. Kernels differ in width:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.memory import ACC_BYTES, ROWS_IN_FLIGHT, itemsize
@@ -74,16 +75,14 @@ def min_width(p: Pending, lanes: int, sram: int) -> int:
             f"kernel {p.name!r} ({p.source}) cannot fit: even one output per column needs more than "
             f"{sram} bytes of SRAM per PE"
         )
-    streaming = sum(
-        ROWS_IN_FLIGHT * math.ceil(_features(p.shape) / lanes) * itemsize(p.dtype) for _ in range(2)
-    )
+    streaming = 2 * ROWS_IN_FLIGHT * math.ceil(_features(p.shape) / lanes) * itemsize(p.dtype)  # in and out
     room = budget - streaming
     if room <= 0:
         raise LoweringError(f"kernel {p.name!r}: its row buffers alone exceed {sram} bytes of SRAM per PE")
     return max(1, math.ceil(_resident_bytes(p) / (room * lanes)))
 
 
-def _widths(limit: int):
+def _widths(limit: int) -> Iterator[int]:
     w = 1
     while w < limit:
         yield w

@@ -132,11 +132,20 @@ def _elementwise(b: Builder, c: Call) -> Any:
 
 @_rule(*IDENTITY)
 def _identity(b: Builder, c: Call) -> Any:
-    if c.name == "dropout" and c.module is None:
-        training = c.arg(2, "train", c.kwargs.get("training", False))
-        if training is True and c.node.target is not torch.nn.functional.dropout:
-            raise c.error("dropout in training mode cannot be lowered; lower the model in eval mode")
+    if c.name == "dropout" and c.module is None and _dropout_active(c):
+        raise c.error(
+            "this dropout is active (training=True and p > 0: F.dropout's default) and draws random "
+            "numbers, which a program cannot; pass training=self.training, or p=0"
+        )
     return c.args[0]
+
+
+def _dropout_active(c: Call) -> bool:
+    """Whether a dropout call drops: ``F.dropout(x, p, training)`` (training defaults to True) or
+    ``aten.dropout(x, p, train)``. A dropout module lowers in eval mode, where it is the identity."""
+    p = c.arg(1, "p", 0.5)
+    training = c.arg(2, "train" if "train" in c.kwargs else "training", True)
+    return bool(training) and float(p) > 0
 
 
 def _dim(d: int, ndim: int) -> int:
@@ -359,9 +368,7 @@ def _pool(b: Builder, c: Call) -> Any:
     x = _ref(b, c.args[0], c.node.name)
     m = c.module
     if c.name == "adaptive_avg_pool2d":
-        size = m.output_size if m is not None else c.arg(1, "output_size")
-        attrs = {"fn": "adaptive_avg", "output_size": list(c.out.shape[-2:])}
-        del size
+        attrs = {"fn": "adaptive_avg", "output_size": list(c.out.shape[-2:])}  # None sizes resolved
     else:
         get = (lambda k, i, d: getattr(m, k)) if m is not None else (lambda k, i, d: c.arg(i, k, d))
         kernel = _pair(get("kernel_size", 1, None))
@@ -385,9 +392,10 @@ def _pool(b: Builder, c: Call) -> Any:
 
 
 def _matmul_kernel(b: Builder, c: Call, x: Ref, sw: SparseWeight, attrs: dict[str, Any]) -> Ref:
-    rows = math.prod(c.out.shape) // sw.weight.shape[0] if attrs["kind"] != "conv2d" else None
-    if rows is None:
+    if attrs["kind"] == "conv2d":  # every output position sees the whole weight once
         rows = c.out.shape[0] * math.prod(c.out.shape[2:])
+    else:
+        rows = math.prod(c.out.shape) // sw.weight.shape[0]
     nnz = int(sw.mask.sum())
     attrs = {
         **attrs,

@@ -50,7 +50,8 @@ class LoweringState:
     program: DataflowProgram | None = None
 
 
-def _text(state: LoweringState) -> str:
+def text(state: LoweringState) -> str:
+    """The program as far as it is built (the PassManager's history text)."""
     if state.program is not None:
         return str(state.program)
     return "\n".join(
@@ -226,4 +227,3 @@ class VerifyProgram:
 
 
 STEPS = (WalkGraph(), SizeRegions(), PlaceData(), Connect(), VerifyProgram())
-text = _text
