@@ -13,23 +13,31 @@ Every flaw is a ``ProgramFormatError`` naming ``what`` was read::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from sparsefx.errors import ProgramFormatError
 
-__all__ = ["loads"]
+__all__ = ["loads", "unique_keys"]
 
 
-def loads(raw: bytes, what: str) -> Any:
-    """The JSON value in ``raw``; ``what`` names it in errors."""
+def unique_keys(fail: Callable[[str], Exception]) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """An ``object_pairs_hook`` that raises ``fail(key)`` for a key an object repeats."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in items:
             if key in out:
-                raise ProgramFormatError(f"{what} repeats the key {key!r}")
+                raise fail(key)
             out[key] = value
         return out
+
+    return pairs
+
+
+def loads(raw: bytes, what: str) -> Any:
+    """The JSON value in ``raw``; ``what`` names it in errors."""
+    pairs = unique_keys(lambda key: ProgramFormatError(f"{what} repeats the key {key!r}"))
 
     def constant(name: str) -> Any:
         raise ProgramFormatError(f"{what} holds {name}, which is not JSON")

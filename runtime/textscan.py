@@ -25,6 +25,8 @@ from typing import Any
 
 from sparsefx.errors import ProgramFormatError
 
+from .strict_json import unique_keys
+
 __all__ = ["Cursor", "name_text", "dumps", "is_word"]
 
 _WORD_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
@@ -48,16 +50,9 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(", ", ": "))
 
 
-def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {key!r} appears twice")
-        out[key] = value
-    return out
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_no_repeats)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=unique_keys(lambda key: ValueError(f"the key {key!r} appears twice"))
+)
 
 
 class Cursor:
