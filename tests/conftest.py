@@ -30,3 +30,20 @@ def assert_outputs_close(got: Any, want: Any, atol: float = 1e-6, rtol: float = 
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     torch.manual_seed(0)
+
+
+LOWER_MESH = {"mlp": (16, 16), "cnn": (64, 64), "gpt-tiny": (64, 64)}
+"""The built-in models the lowering and emulation tests run, and a mesh each fits pipelined."""
+
+
+def compile_builtins() -> dict[str, tuple[Any, tuple]]:
+    """``{name: (sparsefx.compile(model, 0.9, args), args)}`` for every model in ``LOWER_MESH``."""
+    import sparsefx
+    from sparsefx.models import build_model
+
+    torch.manual_seed(0)
+    out = {}
+    for name in LOWER_MESH:
+        spec = build_model(name)
+        out[name] = (sparsefx.compile(spec.model, 0.9, spec.args), spec.args)
+    return out

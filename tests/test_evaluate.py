@@ -11,8 +11,8 @@ import transformers
 from torch import nn
 
 import sparsefx
+from conftest import LOWER_MESH, compile_builtins
 from sparsefx.errors import EmulationError, LoweringError
-from sparsefx.models import build_model
 from sparsefx.passes.lower import lower_graph
 from sparsefx.passes.lower.place_sparse import place_sparse
 from sparsefx.runtime import sparse_eval
@@ -22,7 +22,7 @@ from sparsefx.runtime.semantics import RULES
 
 MODES = ("pipelined", "streaming")
 PLACEMENTS = ("block", "balanced")
-MESH = {"mlp": (16, 16), "cnn": (64, 64), "gpt-tiny": (64, 64)}
+MESH = LOWER_MESH
 VOCAB = 300
 
 
@@ -39,12 +39,7 @@ def fresh_like(example: torch.Tensor, high: int = 256) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, tuple[sparsefx.SparseModel, tuple]]:
-    torch.manual_seed(0)
-    out = {}
-    for name in MESH:
-        spec = build_model(name)
-        out[name] = (sparsefx.compile(spec.model, 0.9, spec.args), spec.args)
-    return out
+    return compile_builtins()
 
 
 @pytest.fixture(scope="module")

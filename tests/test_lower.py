@@ -9,24 +9,19 @@ import torch
 import transformers
 
 import sparsefx
+from conftest import LOWER_MESH, compile_builtins
 from sparsefx.errors import LoweringError, VerifyError
-from sparsefx.models import build_model
 from sparsefx.runtime.csc import assemble
 from sparsefx.runtime.mesh import HardwareSpec
 
 MODES = ("pipelined", "streaming")
 PLACEMENTS = ("block", "balanced")
-MESH = {"mlp": (16, 16), "cnn": (64, 64), "gpt-tiny": (64, 64)}
+MESH = LOWER_MESH
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, tuple[sparsefx.SparseModel, tuple]]:
-    torch.manual_seed(0)
-    out = {}
-    for name in MESH:
-        spec = build_model(name)
-        out[name] = (sparsefx.compile(spec.model, 0.9, spec.args), spec.args)
-    return out
+    return compile_builtins()
 
 
 def expected_weight(sm: sparsefx.SparseModel, kernel) -> tuple[torch.Tensor, torch.Tensor]:
