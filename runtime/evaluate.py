@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from sparsefx.errors import EmulationError
 
-from .program import DTYPES, DataflowProgram
+from .program import DTYPES, DataflowProgram, Kernel
 from .semantics import apply
 
-__all__ = ["evaluate", "bind_inputs", "rebuild_outputs"]
+__all__ = ["evaluate", "bind_inputs", "rebuild_outputs", "Listener"]
 
 
 class _OnDevice(Mapping):
@@ -100,7 +100,16 @@ def bind_inputs(program: DataflowProgram, inputs: Any) -> dict[str, torch.Tensor
     return {s.name: given[s.name] for s in streams}
 
 
-def evaluate(program: DataflowProgram, inputs: Any, device: str | torch.device | None = None) -> Any:
+Listener = Callable[[Kernel, list[torch.Tensor], torch.Tensor], None]
+"""Called after each kernel with the kernel, its input values and its result."""
+
+
+def evaluate(
+    program: DataflowProgram,
+    inputs: Any,
+    device: str | torch.device | None = None,
+    listener: Listener | None = None,
+) -> Any:
     """The program's outputs on ``inputs``, in the model's own output structure (module docstring).
 
     ``inputs`` takes the forms ``sparsefx.compile`` takes (``bind_inputs``). Kernels run in order on
@@ -108,6 +117,7 @@ def evaluate(program: DataflowProgram, inputs: Any, device: str | torch.device |
     returns them: tensors, tuples, lists, dicts, and dataclasses rebuilt by ``rebuild_outputs`` (a class
     whose module is not imported, or that is neither a dataclass nor a ``transformers`` ``ModelOutput``,
     comes back as a dict of its fields). Any failure is an ``EmulationError`` naming the kernel.
+    ``listener(kernel, inputs, result)``, when given, sees every kernel as it runs.
     """
     if not program.has_payloads:
         raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
@@ -121,7 +131,10 @@ def evaluate(program: DataflowProgram, inputs: Any, device: str | torch.device |
             missing = [n for n in k.inputs if n not in values]
             if missing:
                 raise EmulationError(f"kernel {k.name!r} ({k.op}): reads {missing}, not computed before it")
-            values[k.name] = apply(view, k, [values[n] for n in k.inputs])
+            args = [values[n] for n in k.inputs]
+            values[k.name] = apply(view, k, args)
+            if listener is not None:
+                listener(k, args, values[k.name])
             for name in set(k.inputs):
                 if last[name] == i and name not in keep:
                     del values[name]  # its last reader has run

@@ -22,15 +22,26 @@ from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import DataflowProgram, Kernel, Region
 
 from ..manager import PassResult
+from .blocks import plan_blocks
 from .builder import Pending
 from .connect import assign, internal_routes, tasks_for, value_routes
+from .dense_plan import plan_dense
 from .flops import counted_flops
 from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
 from .split_streamed import split
 
-__all__ = ["LoweringState", "WalkGraph", "SizeRegions", "PlaceData", "Connect", "VerifyProgram", "STEPS"]
+__all__ = [
+    "LoweringState",
+    "WalkGraph",
+    "SizeRegions",
+    "PlaceData",
+    "PlanBlocks",
+    "Connect",
+    "VerifyProgram",
+    "STEPS",
+]
 
 
 @dataclass
@@ -196,6 +207,19 @@ def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed
 
 
 @dataclass(frozen=True)
+class PlanBlocks:
+    """Each kernel's rows in flight, and the dense baseline's plan (``blocks.py``, ``dense_plan.py``)."""
+
+    name: ClassVar[str] = "plan-blocks"
+
+    def __call__(self, state: LoweringState) -> PassResult:
+        assert state.program is not None
+        plan_blocks(state.program)
+        plan_dense(state.program, state.pending, state.meta["lanes"])
+        return PassResult(state, True)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class Connect:
     """Routes for every value and inside reducing kernels, their colors, and each kernel's tasks."""
 
@@ -226,4 +250,4 @@ class VerifyProgram:
         return PassResult(state, False)  # type: ignore[arg-type]
 
 
-STEPS = (WalkGraph(), SizeRegions(), PlaceData(), Connect(), VerifyProgram())
+STEPS = (WalkGraph(), SizeRegions(), PlaceData(), PlanBlocks(), Connect(), VerifyProgram())

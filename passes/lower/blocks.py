@@ -1,0 +1,70 @@
+"""Rows in flight: how many rows of a value each kernel takes per block (the AXPY length of a matmul).
+
+A sparse matmul's task is one AXPY per nonzero over the rows of a block, so long blocks spread the
+task start over more rows; short blocks keep the accumulators small and let the partial sums of one
+block travel while the next is computed. ``plan_blocks`` times each sparse matmul alone at every
+block size that fits its PEs' SRAM (``runtime.fast.time_alone``: the emulator's own cost rules) and
+keeps the fastest. Row-wise kernels after it take its block size, so blocks flow down a chain of
+kernels without waiting for whole values (any other kernel takes all its rows at once, or as many as
+fit). The sizes tried are the powers of two below the rows, and
+the rows themselves::
+
+    >>> candidates(12)
+    [12, 8, 4, 2, 1]
+"""
+
+from __future__ import annotations
+
+from sparsefx.runtime.cost import row_streaming, rows_of
+from sparsefx.runtime.fast import time_alone
+from sparsefx.runtime.memory import pe_bytes
+from sparsefx.runtime.program import DataflowProgram, Kernel
+
+__all__ = ["candidates", "plan_blocks"]
+
+
+def candidates(rows: int) -> list[int]:
+    """Block sizes to try for ``rows`` rows, largest first."""
+    sizes, b = [rows], 1
+    while b < rows:
+        sizes.append(b)
+        b *= 2
+    return sorted(set(sizes), reverse=True)
+
+
+def _fits(program: DataflowProgram, k: Kernel) -> bool:
+    return k.region.pes == 0 or int(pe_bytes(program, k).max()) <= program.hardware.sram_bytes
+
+
+def _best_sparse(program: DataflowProgram, k: Kernel) -> int | None:
+    best: tuple[int, int] | None = None
+    for b in candidates(rows_of(k.shape)):
+        k.attrs["rows_in_flight"] = b
+        if not k.attrs.get("all_ones") and not _fits(program, k):
+            continue
+        cycles = time_alone(program, k)
+        if best is None or cycles < best[0]:
+            best = (cycles, b)
+    k.attrs.pop("rows_in_flight", None)
+    return None if best is None else best[1]
+
+
+def plan_blocks(program: DataflowProgram) -> None:
+    """Set ``attrs["rows_in_flight"]`` on every kernel that streams rows (module docstring)."""
+    chosen: dict[str, int] = {}
+    for k in program.kernels:
+        if k.op == "sparse_matmul" and k.attrs.get("kind") in ("linear", "addmm", "matmul"):
+            b = _best_sparse(program, k)
+        else:
+            aligned = [chosen[v] for v in k.inputs if v in chosen and row_streaming(program, k, v)]
+            b = min(aligned) if aligned else max(rows_of(k.shape), 1)
+            while b is not None:
+                k.attrs["rows_in_flight"] = b
+                if k.attrs.get("all_ones") or _fits(program, k):
+                    break
+                b = b // 2 or None
+        if b is None:
+            k.attrs.pop("rows_in_flight", None)
+            continue
+        k.attrs["rows_in_flight"] = b
+        chosen[k.name] = b

@@ -1,0 +1,88 @@
+"""The dense baseline's plan: where each kernel would run if every mask were all ones.
+
+``plan_dense`` sizes the regions again with dense weights (``place.py``: SRAM minimum, a share of
+the spare columns by work, the same caps), then picks the dense kernels' block sizes with the same
+search as the real program (``blocks.py``). It writes ``attrs["dense"] = {"region", "passes",
+"rows_in_flight"}`` on every kernel; ``runtime/baseline.py`` builds the dense program from them. In
+weight-streaming mode a dense matmul whose data needs more columns than the mesh has runs in
+``passes`` over slices of its outputs, as the real lowering does. A dense model that cannot be placed
+layer-pipelined is recorded in ``program.meta["dense_unavailable"]`` with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from sparsefx.errors import LoweringError
+from sparsefx.runtime.baseline import dense_program
+from sparsefx.runtime.mesh import MeshSpec
+from sparsefx.runtime.program import DataflowProgram
+
+from .blocks import plan_blocks
+from .builder import Pending
+from .place import max_width, min_width, regions, work
+from .split_streamed import split
+
+__all__ = ["dense_pending", "plan_dense"]
+
+
+def dense_pending(p: Pending) -> Pending:
+    """``p`` with an all-ones mask (and its FLOPs scaled to the dense weight)."""
+    if p.sparse is None:
+        return p
+    sw = p.sparse
+    nnz = max(int(sw.mask.sum()), 1)
+    mask = torch.ones_like(sw.mask)
+    return dataclasses.replace(
+        p, sparse=dataclasses.replace(sw, mask=mask), flops=p.flops * mask.numel() // nnz
+    )
+
+
+def _width(p: Pending, lanes: int, sram: int, mesh: MeshSpec, mode: str) -> tuple[int, int]:
+    """(columns, passes) of one dense kernel."""
+    try:
+        w = min_width(p, lanes, sram)
+    except LoweringError:
+        w = mesh.width + 1
+    if mode != "streaming" or p.sparse is None or w <= mesh.width:
+        return w, 1
+    parts = math.ceil(w / mesh.width)
+    while True:
+        pieces = split(p, parts)[:-1]
+        try:
+            need = max(min_width(q, lanes, sram) for q in pieces)
+        except LoweringError:
+            need = mesh.width + 1
+        if need <= mesh.width or parts >= p.sparse.weight.shape[0]:
+            return min(need, mesh.width), parts
+        parts *= 2
+
+
+def plan_dense(program: DataflowProgram, pending: list[Pending], lanes: int) -> None:
+    """Write the dense plan onto ``program``'s kernels (module docstring)."""
+    mesh, sram = program.mesh, program.hardware.sram_bytes
+    dense = [dense_pending(p) for p in pending]
+    sized = [_width(p, lanes, sram, mesh, program.mode) for p in dense]
+    widths = [w for w, _ in sized]
+    caps = [max(w, max_width(p, lanes, mesh)) for p, w in zip(dense, widths)]
+    try:
+        regs = regions(
+            widths, [work(p) for p in dense], mesh, lanes, program.mode, caps, [p.name for p in dense]
+        )
+    except LoweringError as e:
+        program.meta["dense_unavailable"] = f"the dense model does not fit: {e}"
+        for k in program.kernels:
+            k.attrs.pop("dense", None)
+        return
+    for k, r, (_, passes) in zip(program.kernels, regs, sized):
+        k.attrs["dense"] = {"region": [r.x, r.y, r.width, r.height], "passes": passes}
+    baseline = dense_program(program)
+    assert baseline is not None
+    plan_blocks(baseline)
+    for k in baseline.kernels:
+        name = k.name.rsplit(".dense", 1)[0]
+        if "rows_in_flight" in k.attrs:
+            program.kernel(name).attrs["dense"]["rows_in_flight"] = k.attrs["rows_in_flight"]

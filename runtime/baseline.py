@@ -1,0 +1,93 @@
+"""The dense baseline: the same model with every weight kept, on the same mesh and mode, in its own plan.
+
+The lowering plans it beside the real program (``passes/lower/dense_plan.py``): each kernel's
+``attrs["dense"]`` holds the region, block size and number of passes the dense kernel gets when all
+masks are ones and it is given the same effort (its own widths, its own block sizes). Dense weights
+need no placement search (the block placement of an all-ones weight is perfectly even), so
+``dense_program`` describes them by geometry (``runtime/layout.py``, ``all_ones``) instead of storing
+a dense copy of every weight. The clocks then run it through the same cost rules as the real
+program. A dense kernel too big for the mesh's SRAM in weight-streaming mode runs in ``passes`` over
+slices of its outputs, then a ``cat``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+from .program import DataflowProgram, Kernel, Region
+
+__all__ = ["dense_program", "dense_activity", "unavailable"]
+
+
+def unavailable(program: DataflowProgram) -> str | None:
+    """Why the program has no dense baseline, or None when it has one."""
+    why = program.meta.get("dense_unavailable")
+    if why:
+        return str(why)
+    if not all(isinstance(k.attrs.get("dense"), dict) for k in program.kernels):
+        return "the program was lowered without a dense plan (lower it again with this version)"
+    return None
+
+
+def _plain(k: Kernel, region: Region, plan: dict) -> Kernel:
+    attrs = {key: value for key, value in k.attrs.items() if key not in ("dense", "rows_in_flight")}
+    if "rows_in_flight" in plan:
+        attrs["rows_in_flight"] = plan["rows_in_flight"]
+    arrays = dict(k.arrays)
+    if k.op == "sparse_matmul":
+        attrs["all_ones"] = True
+        attrs["bias"] = "bias" in k.arrays
+        arrays = {}
+    return dataclasses.replace(k, region=region, attrs=attrs, arrays=arrays, stats=dict(k.stats))
+
+
+def _passes(k: Kernel, n: int) -> list[Kernel]:
+    out = int(k.attrs["out_features"])
+    pieces = []
+    for i in range(n):
+        a, b = i * out // n, (i + 1) * out // n
+        attrs = dict(k.attrs, out_features=b - a)
+        shape = (*k.shape[:-1], b - a)
+        pieces.append(dataclasses.replace(k, name=f"{k.name}.dense{i}", shape=shape, attrs=attrs))
+    cat = Kernel(
+        k.name,
+        "layout",
+        k.region,
+        tuple(p.name for p in pieces),
+        k.shape,
+        k.dtype,
+        attrs={"fn": "cat", "dim": len(k.shape) - 1, "lanes": k.attrs.get("lanes", k.region.height)},
+    )
+    return pieces + [cat]
+
+
+def dense_program(program: DataflowProgram) -> DataflowProgram | None:
+    """The dense baseline of ``program`` (module docstring), or None if it has no dense plan."""
+    if unavailable(program) is not None:
+        return None
+    kernels: list[Kernel] = []
+    for k in program.kernels:
+        plan = k.attrs["dense"]
+        region = Region(*plan["region"])
+        dense = _plain(k, region, plan)
+        n = int(plan.get("passes", 1))
+        kernels += _passes(dense, n) if n > 1 and k.op == "sparse_matmul" else [dense]
+    out = copy.copy(program)
+    out.kernels = kernels
+    out.routes = []
+    out.meta = dict(program.meta, baseline="dense")
+    return out
+
+
+def dense_activity(activity: Mapping[str, torch.Tensor], program: DataflowProgram) -> dict[str, torch.Tensor]:
+    """The real program's input activity, under the dense program's kernel names (passes included)."""
+    out = dict(activity)
+    for k in program.kernels:
+        base = k.name.rsplit(".dense", 1)[0]
+        if base != k.name and base in activity:
+            out[k.name] = activity[base]
+    return out

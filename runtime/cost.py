@@ -1,0 +1,146 @@
+"""The cost rules both executors share: what a message, a task, an AXPY and a weight load cost.
+
+The machine model (``docs/architecture.md``, "Executing a program"):
+
+- A value is a stream of **messages**. Its rows go in **blocks** of ``block_rows(kernel)`` rows (the
+  producer's ``rows_in_flight``); one message carries one feature of one block, ``wavelets(rows)``
+  32-bit wavelets back to back. Feature ``f`` travels on lane ``lane_of(f)`` (a mesh row), and the
+  messages of one lane leave in feature order, one wavelet per cycle.
+- A message takes ``hop_cycles`` per hop; a task starts when its message's last wavelet arrives.
+- A PE runs its tasks one at a time in arrival order: a task starts at ``max(arrival, PE free)`` and
+  keeps the PE for its cost. Each PE's clock advances by the work it does.
+- A sparse matmul's task is the arrival of input feature ``j``: one AXPY per local nonzero of column
+  ``j``, each ``axpy_cycles(rows)`` (``task_start_cycles + ceil(rows / simd)``), over the block's rows.
+  A message whose vector is all zero is not sent (the sender filters it) and triggers nothing.
+- Other kernels run one task per feature they handle per block, ``task_cycles`` each (``ELEMENT_OPS``
+  operations per element); norms and softmax add an all-reduce of their statistics across lanes.
+- Partial sums go down and up each column to their output lane, then east to the region's edge.
+- In weight-streaming mode each kernel's arrays come from off-mesh memory at ``weight_bytes_per_s``
+  (``load_cycles``), loaded while the kernel before runs.
+
+    >>> from sparsefx.runtime.mesh import HardwareSpec
+    >>> hw = HardwareSpec()
+    >>> wavelets(128, "float32", hw), wavelets(128, "float16", hw)
+    (128, 64)
+    >>> axpy_cycles(128, "float32", hw)  # 8 to start + 128 / 2 SIMD lanes
+    72
+"""
+
+from __future__ import annotations
+
+import math
+
+from .memory import ROWS_IN_FLIGHT
+from .mesh import HardwareSpec
+from .program import DataflowProgram, Kernel
+
+__all__ = [
+    "ELEMENT_OPS",
+    "TRANSCENDENTAL",
+    "wavelets",
+    "axpy_cycles",
+    "task_cycles",
+    "load_cycles",
+    "block_rows",
+    "rows_of",
+    "features_of",
+    "ops_per_element",
+    "row_streaming",
+]
+
+ELEMENT_OPS: dict[str, int] = {
+    "elementwise": 1,
+    "layer_norm": 6,  # mean, centre, square, variance, normalize, scale and shift
+    "softmax": 5,  # max, subtract, exp, sum, divide
+    "embedding": 1,  # a copy per element
+    "layout": 1,  # a copy per element
+    "reduce": 1,
+    "pool": 1,
+    "matmul": 1,  # per multiply-accumulate; ops_per_element multiplies by the contraction length
+    "constant": 0,
+}
+"""SIMD operations per result element of each op kind (``ops_per_element`` refines some)."""
+
+TRANSCENDENTAL = frozenset(
+    {"exp", "log", "tanh", "sigmoid", "gelu", "silu", "erf", "sqrt", "rsqrt", "pow", "div"}
+)
+"""Elementwise functions that cost 4 operations per element (a polynomial or an iteration)."""
+
+
+def wavelets(elements: int, dtype: str, hw: HardwareSpec) -> int:
+    """Wavelets that carry ``elements`` values of ``dtype`` (16-bit values go two to a wavelet)."""
+    size = 2 if dtype in ("float16", "bfloat16") else 4 if dtype in ("float32", "int32") else 8
+    return math.ceil(elements * size / hw.wavelet_bytes)
+
+
+def axpy_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:
+    """One AXPY over ``rows`` values: the task start plus ``ceil(rows / simd)``."""
+    return hw.task_start_cycles + math.ceil(rows / hw.simd(dtype))
+
+
+def task_cycles(ops: int, rows: int, dtype: str, hw: HardwareSpec) -> int:
+    """A task doing ``ops`` SIMD operations on each of ``rows`` values."""
+    return hw.task_start_cycles + ops * math.ceil(rows / hw.simd(dtype))
+
+
+def load_cycles(nbytes: int, hw: HardwareSpec) -> int:
+    """Cycles to bring ``nbytes`` of weights onto the mesh in weight-streaming mode."""
+    return math.ceil(nbytes * hw.clock_hz / hw.weight_bytes_per_s)
+
+
+def features_of(shape: tuple[int, ...]) -> int:
+    """Features of a value: its last dim (1 for a scalar)."""
+    return shape[-1] if shape else 1
+
+
+def rows_of(shape: tuple[int, ...]) -> int:
+    """Rows of a value: all its elements over its features."""
+    return math.prod(shape) // max(features_of(shape), 1) if shape else 1
+
+
+def block_rows(kernel: Kernel) -> int:
+    """Rows per block of a kernel's result: its ``rows_in_flight`` (``ROWS_IN_FLIGHT`` when unset, as
+    the SRAM model assumes) for a row-wise kernel; all rows at once for any other."""
+    rows = max(rows_of(kernel.shape), 1)
+    if not row_streaming_op(kernel):
+        return rows
+    given = kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT)
+    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        return min(given, rows)
+    return min(ROWS_IN_FLIGHT, rows)
+
+
+def row_streaming_op(kernel: Kernel) -> bool:
+    """Whether the kernel computes each row of its result from the same row of its inputs."""
+    if kernel.op == "sparse_matmul":
+        return kernel.attrs.get("kind") in ("linear", "addmm", "matmul")
+    if kernel.op == "softmax":
+        dim = kernel.attrs.get("dim", -1)
+        return isinstance(dim, int) and dim in (-1, len(kernel.shape) - 1)
+    return kernel.op in ("elementwise", "layer_norm", "embedding")
+
+
+def row_streaming(program: DataflowProgram, kernel: Kernel, value: str) -> bool:
+    """Whether ``kernel`` can take input ``value`` block by block (same rows, a row-wise op)."""
+    if not row_streaming_op(kernel):
+        return False
+    shape = program.value(value).shape
+    if kernel.op == "embedding":
+        return math.prod(shape) == rows_of(kernel.shape)
+    return rows_of(shape) == rows_of(kernel.shape)
+
+
+def ops_per_element(program: DataflowProgram, kernel: Kernel) -> int:
+    """SIMD operations per result element: ``ELEMENT_OPS``, a matmul's contraction, a pool's window."""
+    ops = ELEMENT_OPS.get(kernel.op, 1)
+    if kernel.op == "elementwise" and kernel.attrs.get("fn") in TRANSCENDENTAL:
+        return 4
+    if kernel.op == "elementwise" and kernel.attrs.get("fn") == "batch_norm":
+        return 2
+    if kernel.op == "matmul" and kernel.inputs:
+        a = program.value(kernel.inputs[0]).shape
+        return max(1, a[-1] if a else 1)
+    if kernel.op in ("reduce", "pool") and kernel.inputs:
+        n_in = math.prod(program.value(kernel.inputs[0]).shape)
+        return max(1, n_in // max(math.prod(kernel.shape), 1))
+    return ops

@@ -1,0 +1,466 @@
+"""The fast executor's clock: the cost rules of ``runtime/cost.py``, vectorized over PEs and messages.
+
+``simulate(program, activity)`` times every kernel of a program, in program order, from the flows of
+its inputs: when each block of each input leaves its producer. A kernel's messages become one tensor
+of ``(PE, arrival, cost)``; ``fifo`` runs each PE's tasks in arrival order with one segmented
+``cummax`` (a PE's last finish is ``max_i(arrival_i + cost_i + ... + cost_last)``), so there is no
+Python loop per PE, nonzero or wavelet. ``activity`` says which input vectors of each sparse matmul
+are nonzero (the sender filters the rest); without it every vector is sent.
+
+Cross-route link sharing is not queued here: a route's own messages are serialized on its lanes,
+and the hottest links are reported from the traffic. The reference executor queues every link.
+
+    >>> import torch
+    >>> fifo(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 5]), torch.tensor([4, 4, 2])).tolist()
+    [4, 8, 7]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from .cost import (
+    axpy_cycles,
+    block_rows,
+    features_of,
+    load_cycles,
+    ops_per_element,
+    row_streaming,
+    rows_of,
+    task_cycles,
+    wavelets,
+)
+from .layout import Layout, layout, weight_bytes
+from .program import DataflowProgram, Kernel, lane_bounds
+
+__all__ = ["Flow", "KernelTime", "Timeline", "simulate", "fifo", "REDUCING_STATS"]
+
+REDUCING_STATS = frozenset({"layer_norm", "softmax"})
+"""Kernels that all-reduce statistics across lanes before they finish a block."""
+
+_BIG = 1 << 44
+
+
+def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+    """Finish time of each task when every PE runs its tasks one at a time in arrival order.
+
+    Tasks are given in any order; ties in arrival keep the given order. Returns int64 finishes in
+    the given order.
+    """
+    if pe.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    pe, arrival, cost = pe.to(torch.int64), arrival.to(torch.int64), cost.to(torch.int64)
+    order = torch.argsort(arrival, stable=True)
+    order = order[torch.argsort(pe[order], stable=True)]
+    p, a, c = pe[order], arrival[order], cost[order]
+    total = torch.cumsum(c, 0)
+    first = torch.ones_like(p, dtype=torch.bool)
+    first[1:] = p[1:] != p[:-1]
+    start_index = torch.cummax(torch.where(first, torch.arange(len(p)), 0), 0).values
+    base = (total - c)[start_index]  # cost before each PE's first task
+    done = total - base  # cumulative cost within the PE
+    seg = torch.cumsum(first.to(torch.int64), 0)
+    key = a - (done - c) + seg * _BIG
+    best = torch.cummax(key, 0).values - seg * _BIG
+    finish = torch.empty_like(a)
+    finish[order] = done + best
+    return finish
+
+
+@dataclass
+class Flow:
+    """How a value's blocks leave its producer: one message per feature per block, lane by lane."""
+
+    value: str
+    dtype: str
+    features: int
+    lanes: int
+    rows: int
+    block: int
+    emit: torch.Tensor  # [blocks] when each block's first message leaves
+    wave: torch.Tensor  # [blocks] wavelets per message
+    east: int  # the column messages leave from (-1: the host, west of column 0)
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks the value comes in."""
+        return len(self.emit)
+
+    @property
+    def bounds(self) -> torch.Tensor:
+        """``lane_bounds`` of the value's features."""
+        return lane_bounds(self.features, self.lanes)
+
+    @property
+    def lane_max(self) -> int:
+        """Messages per block on the busiest lane."""
+        return int(self.bounds.diff().max()) if self.lanes else 0
+
+    @property
+    def done(self) -> int:
+        """When the last message of the last block has left the producer."""
+        return int(self.emit[-1] + self.lane_max * self.wave[-1])
+
+
+@dataclass
+class KernelTime:
+    """One kernel's timing: when it ran, each PE's busy cycles, and what it received or skipped."""
+
+    name: str
+    op: str
+    start: int
+    end: int
+    busy: torch.Tensor  # [region pes] cycles of task work, row-major in the region
+    overhead: torch.Tensor  # [region pes] the task-start part of busy
+    blocks: int
+    messages: int = 0
+    skipped: int = 0  # input messages the sender filtered (all-zero vectors)
+    axpys: int = 0
+    skipped_axpys: int = 0
+    wavelets_in: int = 0
+    waits_on: str | None = None  # the input (or "load", "previous") whose arrival came last
+    load: tuple[int, int] | None = None  # streaming: when its weights were loaded
+    bus: tuple[torch.Tensor, torch.Tensor] | None = None  # wavelets per vertical link [width, height]
+
+
+@dataclass
+class Timeline:
+    """What ``simulate`` returns: per-kernel timings, value flows, and the makespan."""
+
+    kernels: list[KernelTime]
+    flows: dict[str, Flow]
+    cycles: int
+    output_done: dict[str, int] = field(default_factory=dict)
+
+
+def _host_flow(program: DataflowProgram, name: str, shape: tuple[int, ...], dtype: str) -> Flow:
+    hw = program.hardware
+    f = features_of(shape)
+    lanes = max(1, min(program.mesh.height, f))
+    rows = rows_of(shape)
+    stretch = max(1.0, lanes / hw.host_wavelets_per_cycle)  # the host link is narrower than the lanes
+    wave = math.ceil(wavelets(rows, dtype, hw) * stretch)
+    return Flow(
+        name, dtype, f, lanes, rows, rows, torch.zeros(1, dtype=torch.int64), torch.tensor([wave]), -1
+    )
+
+
+def _lanes(kernel: Kernel, features: int) -> int:
+    given = kernel.attrs.get("lanes", kernel.region.height)
+    return max(1, min(int(given), features, kernel.region.height))
+
+
+class _Clock:
+    def __init__(self, program: DataflowProgram, activity: Mapping[str, torch.Tensor] | None) -> None:
+        self.p = program
+        self.hw = program.hardware
+        self.activity = activity or {}
+        self.flows: dict[str, Flow] = {
+            s.name: _host_flow(program, s.name, s.shape, s.dtype) for s in program.inputs
+        }
+        self.streaming = program.mode == "streaming"
+        self.prev_end = 0
+        self.loader_free = 0
+        self.prev_start = 0
+
+    # -- arrivals -------------------------------------------------------------------------------------
+
+    def _source_blocks(self, flow: Flow, kernel: Kernel, value: str, blocks: int, b: int) -> torch.Tensor:
+        if row_streaming(self.p, kernel, value) and flow.rows == rows_of(kernel.shape) and blocks > 1:
+            ends = torch.clamp(torch.arange(1, blocks + 1) * b, max=flow.rows) - 1
+            return torch.clamp(ends // flow.block, max=flow.blocks - 1)
+        return torch.full((blocks,), flow.blocks - 1, dtype=torch.int64)
+
+    def _hops(self, flow: Flow, x: torch.Tensor) -> torch.Tensor:
+        if flow.east < 0:
+            return x + 1
+        if self.streaming:
+            return flow.east + x
+        return (x - flow.east).clamp(min=1)
+
+    def arrivals(
+        self,
+        value: str,
+        kernel: Kernel,
+        blocks: int,
+        b: int,
+        feats: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[blocks, n]``: when feature ``feats[n]`` of each block reaches the PE at ``(x, y)``."""
+        flow = self.flows[value]
+        bounds = flow.bounds
+        lane = torch.searchsorted(bounds, feats, right=True) - 1
+        rank = feats - bounds[lane]
+        q = self._source_blocks(flow, kernel, value, blocks, b)
+        hops = self._hops(flow, x) + (y - lane).abs()
+        hops = hops * self.hw.hop_cycles
+        t = flow.emit[q][:, None] + (rank + 1)[None, :] * flow.wave[q][:, None] + hops[None, :]
+        return t
+
+    # -- kernels --------------------------------------------------------------------------------------
+
+    def time(self, k: Kernel) -> KernelTime:
+        t0, load = self._begin(k)
+        if k.op == "sparse_matmul":
+            kt, flow = self._sparse(k, t0)
+        elif k.op == "constant":
+            kt, flow = self._constant(k, t0)
+        else:
+            kt, flow = self._dense(k, t0)
+        kt.load = load
+        self.flows[k.name] = flow
+        if self.streaming:
+            self.prev_start, self.prev_end = kt.start, kt.end
+            if load is not None and load[1] >= max(kt.start, 1) and kt.waits_on != "previous":
+                kt.waits_on = "load"
+        return kt
+
+    def _begin(self, k: Kernel) -> tuple[int, tuple[int, int] | None]:
+        if not self.streaming:
+            return 0, None
+        nbytes = weight_bytes(self.p, k)
+        begin = max(self.loader_free, self.prev_start)
+        done = begin + load_cycles(nbytes, self.hw)
+        self.loader_free = done
+        return max(self.prev_end, done), (begin, done)
+
+    def _geometry(self, k: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
+        local = torch.arange(k.region.pes)
+        return k.region.x + local % k.region.width, k.region.y + local // k.region.width
+
+    def _out_flow(self, k: Kernel, emit_ready: torch.Tensor, b: int) -> Flow:
+        f = features_of(k.shape)
+        lanes = _lanes(k, f)
+        rows = rows_of(k.shape)
+        blocks = len(emit_ready)
+        sizes = torch.full((blocks,), b, dtype=torch.int64)
+        sizes[-1] = rows - b * (blocks - 1)
+        wave = torch.tensor([wavelets(int(n), k.dtype, self.hw) for n in sizes.tolist()], dtype=torch.int64)
+        lane_max = int(lane_bounds(f, lanes).diff().max())
+        spacing = torch.zeros(blocks, dtype=torch.int64)
+        spacing[1:] = torch.cumsum(lane_max * wave, 0)[:-1]  # a block leaves after the one before it
+        emit = spacing + torch.cummax(emit_ready - spacing, 0).values
+        east = k.region.x + k.region.width - 1
+        return Flow(k.name, k.dtype, f, lanes, rows, b, emit, wave, east)
+
+    def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor]:
+        rows = max(rows_of(k.shape), 1)
+        b = block_rows(k)
+        blocks = math.ceil(rows / b)
+        sizes = torch.full((blocks,), b, dtype=torch.int64)
+        sizes[-1] = rows - b * (blocks - 1)
+        return b, blocks, sizes
+
+    def _constant(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
+        zeros = torch.zeros(k.region.pes, dtype=torch.int64)
+        flow = self._out_flow(k, torch.tensor([t0]), max(rows_of(k.shape), 1))
+        return KernelTime(k.name, k.op, t0, flow.done, zeros, zeros.clone(), 1), flow
+
+    def _waits(self, k: Kernel, latest: dict[str, int], t0: int) -> str | None:
+        if not latest:
+            return "previous" if self.streaming and t0 > 0 else None
+        name, when = max(latest.items(), key=lambda kv: kv[1])
+        if self.streaming and t0 >= when:
+            return "previous"
+        return name
+
+    def _sparse(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
+        hw, r = self.hw, k.region
+        s = layout(self.p, k)
+        b, blocks, sizes = self._blocks(k)
+        x, y = self._geometry(k)
+        widths = s.in_hi - s.in_lo
+        pe = torch.repeat_interleave(torch.arange(r.pes), widths)
+        col = s.in_lo[pe] + (torch.arange(len(pe)) - (torch.cumsum(widths, 0) - widths)[pe])
+        count = s.counts  # nonzeros of each (PE, column)
+        value = k.inputs[0]
+        kind = k.attrs.get("kind")
+        conv = kind in ("conv1d", "conv2d")  # im2col columns exist once the whole image has arrived
+        feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
+        arr = self.arrivals(value, k, blocks, b, feats, x[pe], y[pe]).clamp(min=t0)
+        live = self.activity.get(k.name)
+        sent = torch.ones((blocks, len(col)), dtype=torch.bool) if live is None or conv else live[:, col]
+        axpy = torch.tensor([axpy_cycles(int(n), k.dtype, hw) for n in sizes.tolist()], dtype=torch.int64)
+        cost = count[None, :] * axpy[:, None]
+        work = sent & (count[None, :] > 0)
+        blk = torch.arange(blocks)[:, None].expand_as(work)
+        pes_b = pe[None, :].expand_as(work)
+        fin = fifo(pes_b[work], arr[work], cost[work])
+        ready = arr.amax(dim=1) if arr.numel() else torch.full((blocks,), t0, dtype=torch.int64)
+        flat = pes_b[work] * blocks + blk[work]
+        best = torch.zeros(r.pes * blocks, dtype=torch.int64).scatter_reduce(
+            0, flat, fin, "amax", include_self=False
+        )
+        finish = torch.maximum(best.reshape(r.pes, blocks), ready[None, :])
+        finish = torch.cummax(finish, dim=1).values
+        per_column = finish.reshape(r.height, r.width, blocks).amax(dim=0)  # [width, blocks]
+        out_flow_lanes = _lanes(k, features_of(k.shape))
+        south, north = self._column_load(k, s, out_flow_lanes)
+        vload = torch.maximum(south.amax(1), north.amax(1))
+        wave_out = torch.tensor([wavelets(int(n), k.dtype, hw) for n in sizes.tolist()], dtype=torch.int64)
+        reduce = (
+            vload[:, None] * wave_out[None, :]
+            + torch.where(vload > 0, (r.height - 1) * hw.hop_cycles, 0)[:, None]
+        )
+        east = r.x + r.width - 1
+        to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
+        emit_ready = (per_column + reduce + to_edge[:, None]).amax(dim=0)
+        flow = self._out_flow(k, emit_ready, b)
+        busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b[work], cost[work])
+        n_tasks = torch.zeros(r.pes, dtype=torch.int64).index_add_(
+            0, pes_b[work], count[None, :].expand_as(work)[work]
+        )
+        overhead = n_tasks * hw.task_start_cycles
+        skipped = (~sent) & (count[None, :] > 0)
+        latest = {value: int(ready.max())} if ready.numel() else {}
+        start = int(arr[work].min()) if bool(work.any()) else int(ready.min())
+        kt = KernelTime(
+            k.name,
+            k.op,
+            start,
+            flow.done,
+            busy,
+            overhead,
+            blocks,
+            messages=int(sent.sum()),
+            skipped=int((~sent).sum()),
+            axpys=int(count[None, :].expand_as(work)[work].sum()),
+            skipped_axpys=int(count[None, :].expand_as(skipped)[skipped].sum()),
+            wavelets_in=int((sent.to(torch.int64) * self.flows[value].wave.max()).sum()),
+            waits_on=self._waits(k, latest, t0),
+            bus=(south * int(wave_out.sum()), north * int(wave_out.sum())),
+        )
+        return kt, flow
+
+    def _column_load(self, k: Kernel, s: Layout, lanes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partial-sum messages on each vertical link, ``([width, height] south, [width, height] north)``.
+
+        Partial sums of one output merge on their way to its lane, so a link carries each output
+        once: the south link below row ``y`` carries the outputs held at or above ``y`` whose lane is
+        further south.
+        """
+        r = k.region
+        out_f = s.out_features
+        span = s.span.clamp(max=out_f)
+        pe = torch.repeat_interleave(torch.arange(r.pes), span)
+        if pe.numel() == 0:
+            return (torch.zeros((r.width, r.height), dtype=torch.int64),) * 2
+        offset = torch.arange(len(pe)) - (torch.cumsum(span, 0) - span)[pe]
+        o = (s.out_lo[pe] + offset) % max(out_f, 1)
+        px, py = pe % r.width, pe // r.width
+        key = px * out_f + o
+        n = r.width * out_f
+        ymin = torch.full((n,), r.height, dtype=torch.int64).scatter_reduce(0, key, py, "amin")
+        ymax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, key, py, "amax")
+        held = ymax >= 0
+        bounds = lane_bounds(out_f, lanes)
+        lane = torch.searchsorted(bounds, torch.arange(out_f), right=True) - 1
+        lane = lane.repeat(r.width)
+        cols = torch.arange(r.width).repeat_interleave(out_f)
+        south = torch.zeros((r.width, r.height + 1), dtype=torch.int64)
+        north = torch.zeros((r.width, r.height + 2), dtype=torch.int64)
+        sm = held & (ymin < lane)
+        south.index_put_((cols[sm], ymin[sm]), torch.ones(int(sm.sum()), dtype=torch.int64), accumulate=True)
+        south.index_put_((cols[sm], lane[sm]), -torch.ones(int(sm.sum()), dtype=torch.int64), accumulate=True)
+        nm = held & (ymax > lane)
+        north.index_put_(
+            (cols[nm], lane[nm] + 1), torch.ones(int(nm.sum()), dtype=torch.int64), accumulate=True
+        )
+        north.index_put_(
+            (cols[nm], ymax[nm] + 1), -torch.ones(int(nm.sum()), dtype=torch.int64), accumulate=True
+        )
+        return south.cumsum(1)[:, : r.height], north.cumsum(1)[:, 1 : r.height + 1]
+
+    def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
+        hw, r = self.hw, k.region
+        b, blocks, sizes = self._blocks(k)
+        f = features_of(k.shape)
+        lanes = _lanes(k, f)
+        bounds = lane_bounds(f, lanes)
+        feats = torch.arange(f)
+        lane = torch.searchsorted(bounds, feats, right=True) - 1
+        rank = feats - bounds[lane]
+        px = r.x + rank % r.width
+        py = r.y + lane
+        pe_local = lane * r.width + rank % r.width
+        arr = torch.full((blocks, f), t0, dtype=torch.int64)
+        latest: dict[str, int] = {}
+        for value in dict.fromkeys(k.inputs):
+            flow = self.flows[value]
+            fin = torch.clamp(feats * flow.features // max(f, 1), max=flow.features - 1)
+            a = self.arrivals(value, k, blocks, b, fin, px, py)
+            latest[value] = int(a.max())
+            arr = torch.maximum(arr, a)
+        ops = ops_per_element(self.p, k)
+        cost = torch.tensor(
+            [task_cycles(ops, int(n), k.dtype, hw) for n in sizes.tolist()], dtype=torch.int64
+        )
+        cost_b = cost[:, None].expand(blocks, f)
+        pes_b = pe_local[None, :].expand(blocks, f)
+        fin = fifo(pes_b.reshape(-1), arr.reshape(-1), cost_b.reshape(-1)).reshape(blocks, f)
+        extra = 0
+        if k.op in REDUCING_STATS and lanes > 1:
+            extra = 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
+        east = r.x + r.width - 1
+        emit_ready = (fin + extra + ((east - px) * hw.hop_cycles)[None, :]).amax(dim=1)
+        flow = self._out_flow(k, emit_ready, b)
+        busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
+        overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(
+            0, pes_b.reshape(-1), torch.full((blocks * f,), hw.task_start_cycles, dtype=torch.int64)
+        )
+        kt = KernelTime(
+            k.name,
+            k.op,
+            int(arr.min()),
+            flow.done,
+            busy,
+            overhead,
+            blocks,
+            messages=blocks * f,
+            wavelets_in=int(sum(self.flows[v].wave.sum() * self.flows[v].features for v in set(k.inputs))),
+            waits_on=self._waits(k, latest, t0),
+        )
+        return kt, flow
+
+
+def simulate(program: DataflowProgram, activity: Mapping[str, torch.Tensor] | None = None) -> Timeline:
+    """Time ``program`` (module docstring); ``activity[kernel]`` is ``[blocks, in_features]`` bool."""
+    clock = _Clock(program, activity)
+    kernels = [clock.time(k) for k in program.kernels]
+    done: dict[str, int] = {}
+    hw, mesh = program.hardware, program.mesh
+    for name in program.outputs:
+        flow = clock.flows[name]
+        hops = (mesh.width - flow.east) if not clock.streaming else (flow.east + 1 + mesh.width)
+        if flow.east < 0:
+            hops = mesh.width
+        done[name] = flow.done + hops * hw.hop_cycles
+    cycles = max([kt.end for kt in kernels] + list(done.values()) + [0])
+    return Timeline(kernels, clock.flows, cycles, done)
+
+
+def time_alone(program: DataflowProgram, kernel: Kernel) -> int:
+    """Cycles ``kernel`` takes alone: its inputs stream in back to back, in its own blocks, from west
+    of its region. The lowering compares mappings (block sizes) with it."""
+    clock = _Clock(program, None)
+    clock.streaming = False
+    b = block_rows(kernel)
+    for value in dict.fromkeys(kernel.inputs):
+        shape, dtype = program.value(value).shape, program.value(value).dtype
+        f, rows = features_of(shape), rows_of(shape)
+        lanes = _lanes(kernel, f)
+        block = b if rows == rows_of(kernel.shape) else max(rows, 1)
+        blocks = math.ceil(max(rows, 1) / block)
+        sizes = [min(block, rows - i * block) for i in range(blocks)] if rows else [1]
+        wave = torch.tensor([wavelets(n, dtype, program.hardware) for n in sizes], dtype=torch.int64)
+        lane_max = int(lane_bounds(f, lanes).diff().max())
+        emit = torch.zeros(blocks, dtype=torch.int64)
+        emit[1:] = torch.cumsum(lane_max * wave, 0)[:-1]
+        clock.flows[value] = Flow(value, dtype, f, lanes, rows, block, emit, wave, kernel.region.x - 1)
+    return clock.time(kernel).end
