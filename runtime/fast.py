@@ -285,7 +285,11 @@ class _Clock:
         feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
         arr = self.arrivals(value, k, blocks, b, feats, x[pe], y[pe]).clamp(min=t0)
         live = self.activity.get(k.name)
-        sent = torch.ones((blocks, len(col)), dtype=torch.bool) if live is None or conv else live[:, col]
+        sent = (
+            torch.ones((blocks, len(col)), dtype=torch.bool)
+            if live is None or conv
+            else _blocked(live, b)[:, col]
+        )
         axpy = torch.tensor([axpy_cycles(int(n), k.dtype, hw) for n in sizes.tolist()], dtype=torch.int64)
         cost = count[None, :] * axpy[:, None]
         work = sent & (count[None, :] > 0)
@@ -429,8 +433,16 @@ class _Clock:
         return kt, flow
 
 
+def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
+    """``[rows, features]`` nonzero flags -> ``[blocks, features]``: whether any row of a block is nonzero."""
+    blocks = -(-rows.shape[0] // b)
+    padded = torch.zeros((blocks * b, rows.shape[1]), dtype=torch.bool)
+    padded[: rows.shape[0]] = rows
+    return padded.reshape(blocks, b, -1).any(dim=1)
+
+
 def simulate(program: DataflowProgram, activity: Mapping[str, torch.Tensor] | None = None) -> Timeline:
-    """Time ``program`` (module docstring); ``activity[kernel]`` is ``[blocks, in_features]`` bool."""
+    """Time ``program`` (module docstring); ``activity[kernel]`` is ``[rows, in_features]`` bool."""
     clock = _Clock(program, activity)
     kernels = [clock.time(k) for k in program.kernels]
     done: dict[str, int] = {}

@@ -13,8 +13,8 @@ with no arrays at all, so a dense GPT-2 costs nothing to describe::
     >>> s = layout(p, k)
     >>> s.in_lo.tolist(), s.out_lo.tolist(), s.span.tolist(), s.counts.tolist()
     ([0, 0, 2, 2], [0, 3, 0, 3], [3, 3, 3, 3], [3, 3, 3, 3, 3, 3, 3, 3])
-    >>> weight_bytes(p, k)  # 24 x (4-byte value + 2-byte row index) + 4 PEs x 3 two-byte column offsets
-    168
+    >>> weight_bytes(p, k)  # the arrays an all-ones lowering stores: values, row indices, ranges, offsets
+    336
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ def weight_bytes(program: DataflowProgram, k: Kernel) -> int:
     if not k.attrs.get("all_ones"):
         return sum(program.specs[a].nbytes for a in k.arrays.values())
     s = layout(program, k)
+    pes = k.region.pes
     value = torch.empty((), dtype=DTYPES[k.dtype]).element_size()
     index = 2 if int(s.span.max()) < 2**15 else 4
     nnz = int(s.counts.sum())
-    offsets = int((s.in_hi - s.in_lo + 1).sum()) * 2
+    ranges = 4 * 4 * pes  # in_lo, in_hi, out_lo, out_hi: int32 per PE
+    offsets = 2 * 8 * (pes + 1) + 4 * int((s.in_hi - s.in_lo + 1).sum())  # nz_ptr, col_ptr_off; col_ptr
     bias = s.out_features * value if k.attrs.get("bias") else 0
-    return nnz * (value + index) + offsets + bias
+    return nnz * (value + index) + ranges + offsets + bias

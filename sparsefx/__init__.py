@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .runtime.archive import load_program
     from .runtime.mesh import HardwareSpec, MeshSpec
     from .runtime.program import DataflowProgram
+    from .runtime.run import RunResult, run
     from .runtime.text import parse_program
 
 __version__ = "0.1.0"
@@ -52,6 +53,8 @@ __all__ = [
     "SparseModel",
     "parse_program",
     "lower",
+    "run",
+    "RunResult",
     "DataflowProgram",
     "MeshSpec",
     "HardwareSpec",
@@ -80,6 +83,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SparseModel": (".model", "SparseModel"),
     "parse_program": (".runtime.text", "parse_program"),
     "lower": (".lowering", "lower"),
+    "run": (".runtime.run", "run"),
+    "RunResult": (".runtime.run", "RunResult"),
     "DataflowProgram": (".runtime.program", "DataflowProgram"),
     "MeshSpec": (".runtime.mesh", "MeshSpec"),
     "HardwareSpec": (".runtime.mesh", "HardwareSpec"),

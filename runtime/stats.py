@@ -1,0 +1,309 @@
+"""What a run reports: cycles and time, per-kernel and per-PE figures, traffic, SRAM, and the dense baseline.
+
+``collect(program, timeline)`` turns a clock's ``Timeline`` into ``RunStats``. The critical path runs
+back from the last output through the input each kernel waited on last. Its time splits into parts
+that sum to the run's cycles: **MAC work** (mean SIMD cycles of a matmul's PEs), **imbalance** (the
+busiest PE over the mean), **task overhead** (task starts), **communication** (the rest of a matmul's
+time: arrivals, partial sums, results leaving, output to the host), **weight loading** (streaming
+waits on weights) and **dense ops** (every other kernel). ``compare`` sets two runs side by side: the
+realized speedup, the ideal ``1 / (1 - s)``, and for each part how much more the sparse run spends
+than ``(1 - s)`` times the dense run's: the gap, part by part. The parts add up to the whole gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .fast import KernelTime, Timeline
+from .layout import weight_bytes as weight_bytes_of
+from .memory import pe_bytes
+from .program import DataflowProgram
+
+__all__ = ["KernelStats", "RunStats", "Comparison", "collect", "compare", "PARTS"]
+
+PARTS = ("mac", "imbalance", "task_overhead", "communication", "weight_load", "dense_ops")
+"""The parts of the critical path, in report order."""
+
+
+@dataclass
+class KernelStats:
+    """One kernel's figures."""
+
+    name: str
+    op: str
+    start: int
+    end: int
+    cycles: int
+    busy_max: int
+    busy_mean: float
+    imbalance: float
+    messages: int
+    skipped_messages: int
+    axpys: int
+    skipped_axpys: int
+    sram_max: int
+    critical: bool = False
+
+
+@dataclass
+class Comparison:
+    """The sparse run beside the dense baseline."""
+
+    dense_cycles: int
+    sparse_cycles: int
+    sparsity: float
+    ideal: float
+    realized: float
+    linear_dense_cycles: int
+    linear_sparse_cycles: int
+    linear_realized: float
+    parts: dict[str, dict[str, float]]  # part -> {"sparse", "dense", "ideal", "excess"}
+
+    @property
+    def efficiency(self) -> float:
+        """Realized over ideal speedup."""
+        return self.realized / self.ideal if self.ideal else 0.0
+
+
+@dataclass
+class RunStats:
+    """Everything a run measured (``docs/architecture.md``, "Executing a program")."""
+
+    executor: str
+    mode: str
+    mesh: tuple[int, int]
+    clock_hz: float
+    cycles: int
+    interval: int  # cycles between successive inputs in steady state
+    kernels: list[KernelStats]
+    critical_path: list[str]
+    parts: dict[str, int]
+    pe_busy: torch.Tensor  # [height, width] cycles of task work
+    wavelets: int
+    link_hops: int
+    hottest_links: list[tuple[int, int, str, int]]  # (x, y, direction, wavelets)
+    weight_bytes: int
+    skipped_messages: int
+    skipped_axpys: int
+    axpys: int
+    sram_max: int
+    dense: Comparison | None = None
+    dense_unavailable: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        """Latency: the run's cycles at the clock."""
+        return self.cycles / self.clock_hz
+
+    @property
+    def throughput(self) -> float:
+        """Inputs per second in steady state (a pipelined program overlaps successive inputs)."""
+        return self.clock_hz / max(self.interval, 1)
+
+    @property
+    def utilization(self) -> float:
+        """Mean busy fraction of the PEs that did any work."""
+        used = self.pe_busy[self.pe_busy > 0]
+        return float(used.float().mean() / max(self.cycles, 1)) if used.numel() else 0.0
+
+    @property
+    def imbalance(self) -> float:
+        """Busiest PE over the mean of the PEs that did any work."""
+        used = self.pe_busy[self.pe_busy > 0].float()
+        return float(used.max() / used.mean()) if used.numel() else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data (the per-PE grid as nested lists)."""
+        out = asdict(self)
+        out["pe_busy"] = self.pe_busy.tolist()
+        out |= {
+            "seconds": self.seconds,
+            "throughput_per_s": self.throughput,
+            "utilization": self.utilization,
+            "imbalance": self.imbalance,
+        }
+        if self.dense is not None:
+            out["dense"]["efficiency"] = self.dense.efficiency
+        return out
+
+
+def _critical(program: DataflowProgram, timeline: Timeline) -> list[KernelTime]:
+    by_name = {kt.name: kt for kt in timeline.kernels}
+    index = {kt.name: i for i, kt in enumerate(timeline.kernels)}
+    if timeline.output_done:
+        last = max(timeline.output_done, key=lambda n: timeline.output_done[n])
+    else:
+        last = max(by_name, key=lambda n: by_name[n].end) if by_name else None
+    path = []
+    while last is not None and last in by_name:
+        kt = by_name[last]
+        path.append(kt)
+        wait = kt.waits_on
+        if wait == "previous" and index[last] > 0:
+            last = timeline.kernels[index[last] - 1].name
+        else:
+            last = wait if wait in by_name else None
+    return path[::-1]
+
+
+def _parts(path: list[KernelTime], cycles: int) -> dict[str, int]:
+    parts = dict.fromkeys(PARTS, 0)
+    before = 0
+    for kt in path:
+        segment = max(kt.end - before, 0)
+        before = max(before, kt.end)
+        if kt.op != "sparse_matmul":
+            parts["dense_ops"] += segment
+            continue
+        busy = kt.busy.float()
+        mean, top = float(busy.mean()), float(busy.max())
+        over = float(kt.overhead.float().mean())
+        shares = {"mac": mean - over, "imbalance": top - mean, "task_overhead": over}
+        inside = sum(shares.values())
+        scale = min(1.0, segment / inside) if inside > 0 else 0.0  # overlapped with the segment before
+        given = 0
+        for key, value in shares.items():
+            n = int(round(value * scale))
+            parts[key] += n
+            given += n
+        rest = segment - given
+        parts["weight_load" if kt.waits_on == "load" else "communication"] += rest
+    parts["communication"] += max(cycles - before, 0)  # results on their way to the host
+    return parts
+
+
+def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list[tuple[int, int, str, int]]]:
+    """Wavelets sent, link hops and the hottest links, from value flows and column reductions."""
+    grid = torch.zeros((program.mesh.height, program.mesh.width, 4), dtype=torch.int64)  # E, W, S, N
+    sent = 0
+    for kt in timeline.kernels:
+        k = program.kernel(kt.name)
+        for value in dict.fromkeys(k.inputs):
+            flow = timeline.flows[value]
+            per_message = int(flow.wave.sum())
+            lanes = flow.bounds.diff() * per_message  # wavelets per lane
+            sent += int(lanes.sum())
+            a = max(flow.east + 1, 0) if program.mode == "pipelined" else 0
+            b = k.region.x + k.region.width - 1
+            if b > a:
+                grid[: flow.lanes, a:b, 0] += lanes[:, None]
+        if kt.bus is not None:
+            south, north = kt.bus
+            r = k.region
+            grid[r.y : r.y + r.height, r.x : r.x + r.width, 2] += south.T
+            grid[r.y : r.y + r.height, r.x : r.x + r.width, 3] += north.T
+            sent += int(south.sum() + north.sum())
+    hops = int(grid.sum())
+    flat = grid.reshape(-1)
+    top = torch.topk(flat, min(5, flat.numel())) if flat.numel() else None
+    names = ("E", "W", "S", "N")
+    hottest = []
+    if top is not None:
+        for value, i in zip(top.values.tolist(), top.indices.tolist()):
+            if value <= 0:
+                continue
+            y, rest = divmod(i, program.mesh.width * 4)
+            x, d = divmod(rest, 4)
+            hottest.append((x, y, names[d], value))
+    return sent, hops, hottest
+
+
+def collect(program: DataflowProgram, timeline: Timeline, executor: str) -> RunStats:
+    """``RunStats`` of one timed run (module docstring)."""
+    mesh = program.mesh
+    busy = torch.zeros((mesh.height, mesh.width), dtype=torch.int64)
+    kernels = []
+    path = _critical(program, timeline)
+    on_path = {kt.name for kt in path}
+    sram_max = 0
+    weight_bytes = 0
+    for kt in timeline.kernels:
+        k = program.kernel(kt.name)
+        r = k.region
+        busy[r.y : r.y + r.height, r.x : r.x + r.width] += kt.busy.reshape(r.height, r.width)
+        described = r.pes and not k.attrs.get("all_ones")  # the dense baseline's matmuls hold no arrays
+        sram = int(pe_bytes(program, k).max()) if described else 0
+        sram_max = max(sram_max, sram)
+        if kt.load is not None:
+            weight_bytes += weight_bytes_of(program, k)
+        b = kt.busy.float()
+        mean = float(b.mean()) if b.numel() else 0.0
+        kernels.append(
+            KernelStats(
+                kt.name,
+                kt.op,
+                kt.start,
+                kt.end,
+                kt.end - kt.start,
+                int(b.max()) if b.numel() else 0,
+                mean,
+                float(b.max() / mean) if mean > 0 else 1.0,
+                kt.messages,
+                kt.skipped,
+                kt.axpys,
+                kt.skipped_axpys,
+                sram,
+                kt.name in on_path,
+            )
+        )
+    if program.mode == "pipelined":
+        interval = max([int(kt.busy.max()) for kt in timeline.kernels if kt.busy.numel()] + [1])
+    else:
+        interval = timeline.cycles
+    sent, hops, hottest = _links(program, timeline)
+    return RunStats(
+        executor=executor,
+        mode=program.mode,
+        mesh=(mesh.width, mesh.height),
+        clock_hz=program.hardware.clock_hz,
+        cycles=timeline.cycles,
+        interval=interval,
+        kernels=kernels,
+        critical_path=[kt.name for kt in path],
+        parts=_parts(path, timeline.cycles),
+        pe_busy=busy,
+        wavelets=sent,
+        link_hops=hops,
+        hottest_links=hottest,
+        weight_bytes=weight_bytes,
+        skipped_messages=sum(kt.skipped for kt in timeline.kernels),
+        skipped_axpys=sum(kt.skipped_axpys for kt in timeline.kernels),
+        axpys=sum(kt.axpys for kt in timeline.kernels),
+        sram_max=sram_max,
+    )
+
+
+def _sparsity(program: DataflowProgram) -> float:
+    nnz = sum(int(k.stats.get("nnz", 0)) for k in program.kernels if k.op == "sparse_matmul")
+    dense = sum(int(k.stats.get("dense", 0)) for k in program.kernels if k.op == "sparse_matmul")
+    return 1.0 - nnz / dense if dense else 0.0
+
+
+def _linear(stats: RunStats) -> int:
+    return sum(k.cycles for k in stats.kernels if k.op == "sparse_matmul")
+
+
+def compare(program: DataflowProgram, sparse: RunStats, dense: RunStats) -> Comparison:
+    """The sparse run against the dense baseline's run (module docstring)."""
+    s = _sparsity(program)
+    keep = 1.0 - s
+    parts = {}
+    for part in PARTS:
+        a, b = sparse.parts.get(part, 0), dense.parts.get(part, 0)
+        parts[part] = {"sparse": a, "dense": b, "ideal": b * keep, "excess": a - b * keep}
+    lin_s, lin_d = _linear(sparse), _linear(dense)
+    return Comparison(
+        dense_cycles=dense.cycles,
+        sparse_cycles=sparse.cycles,
+        sparsity=s,
+        ideal=1.0 / keep if keep > 0 else float("inf"),
+        realized=dense.cycles / max(sparse.cycles, 1),
+        linear_dense_cycles=lin_d,
+        linear_sparse_cycles=lin_s,
+        linear_realized=lin_d / max(lin_s, 1),
+        parts=parts,
+    )

@@ -1,0 +1,128 @@
+"""sparsefx.run with the fast executor: outputs against PyTorch, the clock's rules, stats and the dense baseline."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+import sparsefx
+from sparsefx.errors import EmulationError
+from sparsefx.runtime.fast import fifo
+from tests.conftest import LOWER_MESH, compile_builtins
+
+MODES = ("pipelined", "streaming")
+
+
+@pytest.fixture(scope="module")
+def builtins():
+    return compile_builtins()
+
+
+def _fresh(args: tuple) -> tuple:
+    return tuple(
+        torch.randint_like(a, 0, 100) if not a.is_floating_point() else torch.randn_like(a) for a in args
+    )
+
+
+def _fifo_by_hand(pe: list[int], arrival: list[int], cost: list[int]) -> list[int]:
+    free: dict[int, int] = {}
+    finish = [0] * len(pe)
+    for i in sorted(range(len(pe)), key=lambda i: (pe[i], arrival[i], i)):
+        start = max(arrival[i], free.get(pe[i], -(10**9)))
+        finish[i] = free[pe[i]] = start + cost[i]
+    return finish
+
+
+def test_fifo_runs_each_pes_tasks_in_arrival_order():
+    rng = random.Random(0)
+    for _ in range(50):
+        n = rng.randint(1, 40)
+        pe = [rng.randint(0, 4) for _ in range(n)]
+        arrival = [rng.randint(0, 60) for _ in range(n)]
+        cost = [rng.randint(0, 9) for _ in range(n)]
+        got = fifo(torch.tensor(pe), torch.tensor(arrival), torch.tensor(cost)).tolist()
+        assert got == _fifo_by_hand(pe, arrival, cost)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(LOWER_MESH))
+def test_run_matches_pytorch_and_accounts_for_every_cycle(builtins, name, mode):
+    sm, args = builtins[name]
+    program = sparsefx.lower(sm, args, mesh=LOWER_MESH[name], mode=mode)
+    fresh = _fresh(args)
+    result = sparsefx.run(program, fresh)
+    torch.testing.assert_close(result.outputs, sm.eval()(*fresh), rtol=1e-4, atol=1e-5)
+    s = result.stats
+    assert s.cycles > 0 and s.seconds == s.cycles / program.hardware.clock_hz
+    assert sum(s.parts.values()) == s.cycles  # the critical path's parts add up to the run
+    assert s.critical_path and s.critical_path[-1] in {k.name for k in program.kernels}
+    assert int(s.pe_busy.sum()) == sum(
+        int(round(k.busy_mean * program.kernel(k.name).region.pes)) for k in s.kernels
+    )
+    assert all(0 <= k.start <= k.end <= s.cycles for k in s.kernels)
+    assert 0 < s.utilization <= 1 and s.imbalance >= 1
+    assert s.sram_max <= program.hardware.sram_bytes
+    assert s.dense is not None and s.dense.ideal == pytest.approx(1 / (1 - s.dense.sparsity))
+    excess = sum(p["excess"] for p in s.dense.parts.values())
+    assert excess == pytest.approx(s.cycles - s.dense.dense_cycles * (1 - s.dense.sparsity))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dense_baseline_is_the_all_ones_model_lowered_for_real(mode):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 32))
+    x = torch.randn(16, 64)
+    sparse = sparsefx.compile(copy.deepcopy(model), 0.9)
+    dense = sparsefx.compile(copy.deepcopy(model), 0.0)
+    program = sparsefx.lower(sparse, x, mesh=(16, 16), mode=mode, placement="block")
+    real = sparsefx.run(sparsefx.lower(dense, x, mesh=(16, 16), mode=mode, placement="block"), x)
+    assert sparsefx.run(program, x).stats.dense.dense_cycles == real.stats.cycles
+
+
+def test_zero_inputs_are_filtered_at_the_sender():
+    torch.manual_seed(0)
+    sm = sparsefx.compile(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)), 0.5
+    )
+    x = torch.randn(4, 32)
+    program = sparsefx.lower(sm, x, mesh=(8, 8))
+    busy = sparsefx.run(program, x).stats
+    x_half = x.clone()
+    x_half[:, ::2] = 0  # half the input features are zero in every row
+    half = sparsefx.run(program, x_half).stats
+    first = program.kernels[0].name
+    k_busy = next(k for k in busy.kernels if k.name == first)
+    k_half = next(k for k in half.kernels if k.name == first)
+    assert k_busy.skipped_messages == 0 and k_half.skipped_messages > 0 and k_half.skipped_axpys > 0
+    assert k_half.axpys + k_half.skipped_axpys == k_busy.axpys
+    assert k_half.busy_max < k_busy.busy_max
+    assert busy.skipped_messages > 0  # the ReLU zeroes some of the second matmul's inputs
+
+
+def test_a_loaded_program_gives_identical_outputs_and_stats(builtins, tmp_path):
+    sm, args = builtins["gpt-tiny"]
+    program = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"])
+    path = tmp_path / "gpt.sfxp"
+    program.save(str(path))
+    loaded = sparsefx.load_program(str(path))
+    a, b = sparsefx.run(program, args), sparsefx.run(loaded, args)
+    assert torch.equal(a.outputs, b.outputs)
+    assert a.stats.to_json() == b.stats.to_json()
+
+
+def test_rows_in_flight_are_chosen_within_sram(builtins):
+    sm, args = builtins["gpt-tiny"]
+    program = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"])
+    matmuls = [k for k in program.kernels if k.op == "sparse_matmul"]
+    assert all(isinstance(k.attrs.get("rows_in_flight"), int) for k in matmuls)
+    assert all(isinstance(k.attrs["dense"]["region"], list) for k in program.kernels)
+
+
+def test_bad_executor_is_an_emulation_error(builtins):
+    sm, args = builtins["mlp"]
+    program = sparsefx.lower(sm, args, mesh=LOWER_MESH["mlp"])
+    with pytest.raises(EmulationError, match="executor 'warp' is not one of fast, reference"):
+        sparsefx.run(program, args, executor="warp")
