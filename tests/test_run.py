@@ -1,4 +1,4 @@
-"""sparsefx.run with the fast executor: outputs against PyTorch, the clock's rules, stats and the dense baseline."""
+"""sparsefx.run, fast executor: outputs against PyTorch, the clock's rules, stats, the dense baseline."""
 
 from __future__ import annotations
 
