@@ -112,9 +112,7 @@ def flops(
     if uncounted:
         logger.warning(
             "sparsefx.flops: the count is partial: %d node(s) could not be costed (%s): %s",
-            len(uncounted),
-            ", ".join(uncounted[:5]) + (", ..." if len(uncounted) > 5 else ""),
-            partial,
+            len(uncounted), ", ".join(uncounted[:5]) + (", ..." if len(uncounted) > 5 else ""), partial,
         )
     return FlopReport(
         dense_fwd,

@@ -212,7 +212,6 @@ def _is_guard_failure(exc: BaseException) -> bool:
 
 def describe_call(args: tuple, kwargs: dict) -> str:
     """A call's arguments in one line: ``(float32[2, 8], mask=None)``."""
-
     def one(v: Any) -> str:
         if isinstance(v, torch.Tensor):
             return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"

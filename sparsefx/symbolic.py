@@ -1,7 +1,7 @@
 """Evaluate a FLOP formula (sympy expression, or anything sympy reads) at given symbol values.
 
->>> evaluate("2*batch*seq", {"batch": 4, "seq": 8})
-64
+    >>> evaluate("2*batch*seq", {"batch": 4, "seq": 8})
+    64
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """``sparsefx demo``: compile, check, train and account a built-in model end to end (``sparsefx.demo``).
 
-$ sparsefx demo --model mlp --steps 20
+    $ sparsefx demo --model mlp --steps 20
 
->>> from sparsefx.cli import build_parser
->>> args = build_parser().parse_args(["demo", "--steps", "5"])
->>> args.model, args.sparsity, args.steps, args.handler is cmd_demo
-('gpt-tiny', 0.9, 5, True)
+    >>> from sparsefx.cli import build_parser
+    >>> args = build_parser().parse_args(["demo", "--steps", "5"])
+    >>> args.model, args.sparsity, args.steps, args.handler is cmd_demo
+    ('gpt-tiny', 0.9, 5, True)
 """
 
 from __future__ import annotations
