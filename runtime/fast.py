@@ -18,7 +18,7 @@ and the hottest links are reported from the traffic. The reference executor queu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -149,6 +149,25 @@ def _host_flow(program: DataflowProgram, name: str, shape: tuple[int, ...], dtyp
     )
 
 
+def _sizes(rows: int, b: int) -> torch.Tensor:
+    """Rows of each block when ``rows`` go ``b`` at a time (the last block takes the rest)."""
+    rows = max(rows, 1)
+    sizes = torch.full((math.ceil(rows / b),), b, dtype=torch.int64)
+    sizes[-1] = rows - b * (len(sizes) - 1)
+    return sizes
+
+
+def _per_block(fn: Callable[[int], int], sizes: torch.Tensor) -> torch.Tensor:
+    """``fn(rows)`` of each block, as an int64 tensor."""
+    return torch.tensor([fn(int(n)) for n in sizes.tolist()], dtype=torch.int64)
+
+
+def _lane_rank(bounds: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each feature's lane and its place in the lane's message order."""
+    lane = torch.searchsorted(bounds, feats, right=True) - 1
+    return lane, feats - bounds[lane]
+
+
 def _lanes(kernel: Kernel, features: int) -> int:
     given = kernel.attrs.get("lanes", kernel.region.height)
     return max(1, min(int(given), features, kernel.region.height))
@@ -194,9 +213,7 @@ class _Clock:
     ) -> torch.Tensor:
         """``[blocks, n]``: when feature ``feats[n]`` of each block reaches the PE at ``(x, y)``."""
         flow = self.flows[value]
-        bounds = flow.bounds
-        lane = torch.searchsorted(bounds, feats, right=True) - 1
-        rank = feats - bounds[lane]
+        lane, rank = _lane_rank(flow.bounds, feats)
         q = self._source_blocks(flow, kernel, value, blocks, b)
         hops = self._hops(flow, x) + (y - lane).abs()
         hops = hops * self.hw.hop_cycles
@@ -234,32 +251,30 @@ class _Clock:
         local = torch.arange(k.region.pes)
         return k.region.x + local % k.region.width, k.region.y + local // k.region.width
 
-    def _out_flow(self, k: Kernel, emit_ready: torch.Tensor, b: int) -> Flow:
+    def _waves(self, sizes: torch.Tensor, dtype: str) -> torch.Tensor:
+        return _per_block(lambda n: wavelets(n, dtype, self.hw), sizes)
+
+    def _out_flow(self, k: Kernel, emit_ready: torch.Tensor, b: int, wave: torch.Tensor) -> Flow:
+        """The result's flow: blocks leave when ready, and each after the one before it has left."""
         f = features_of(k.shape)
         lanes = _lanes(k, f)
-        rows = rows_of(k.shape)
-        blocks = len(emit_ready)
-        sizes = torch.full((blocks,), b, dtype=torch.int64)
-        sizes[-1] = rows - b * (blocks - 1)
-        wave = torch.tensor([wavelets(int(n), k.dtype, self.hw) for n in sizes.tolist()], dtype=torch.int64)
         lane_max = int(lane_bounds(f, lanes).diff().max())
-        spacing = torch.zeros(blocks, dtype=torch.int64)
-        spacing[1:] = torch.cumsum(lane_max * wave, 0)[:-1]  # a block leaves after the one before it
+        spacing = torch.zeros(len(wave), dtype=torch.int64)
+        spacing[1:] = torch.cumsum(lane_max * wave, 0)[:-1]
         emit = spacing + torch.cummax(emit_ready - spacing, 0).values
         east = k.region.x + k.region.width - 1
-        return Flow(k.name, k.dtype, f, lanes, rows, b, emit, wave, east)
+        return Flow(k.name, k.dtype, f, lanes, rows_of(k.shape), b, emit, wave, east)
 
-    def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor]:
-        rows = max(rows_of(k.shape), 1)
+    def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """Rows per block, blocks, each block's rows and each block's wavelets per message."""
         b = block_rows(k)
-        blocks = math.ceil(rows / b)
-        sizes = torch.full((blocks,), b, dtype=torch.int64)
-        sizes[-1] = rows - b * (blocks - 1)
-        return b, blocks, sizes
+        sizes = _sizes(rows_of(k.shape), b)
+        return b, len(sizes), sizes, self._waves(sizes, k.dtype)
 
     def _constant(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         zeros = torch.zeros(k.region.pes, dtype=torch.int64)
-        flow = self._out_flow(k, torch.tensor([t0]), max(rows_of(k.shape), 1))
+        b, _, _, wave = self._blocks(k)
+        flow = self._out_flow(k, torch.tensor([t0]), b, wave)
         return KernelTime(k.name, k.op, t0, flow.done, zeros, zeros.clone(), 1), flow
 
     def _waits(self, k: Kernel, latest: dict[str, int], t0: int) -> str | None:
@@ -273,7 +288,7 @@ class _Clock:
     def _sparse(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
         s = layout(self.p, k)
-        b, blocks, sizes = self._blocks(k)
+        b, blocks, sizes, wave_out = self._blocks(k)
         x, y = self._geometry(k)
         widths = s.in_hi - s.in_lo
         pe = torch.repeat_interleave(torch.arange(r.pes), widths)
@@ -290,7 +305,7 @@ class _Clock:
             if live is None or conv
             else _blocked(live, b)[:, col]
         )
-        axpy = torch.tensor([axpy_cycles(int(n), k.dtype, hw) for n in sizes.tolist()], dtype=torch.int64)
+        axpy = _per_block(lambda n: axpy_cycles(n, k.dtype, hw), sizes)
         cost = count[None, :] * axpy[:, None]
         work = sent & (count[None, :] > 0)
         blk = torch.arange(blocks)[:, None].expand_as(work)
@@ -307,7 +322,6 @@ class _Clock:
         out_flow_lanes = _lanes(k, features_of(k.shape))
         south, north = self._column_load(k, s, out_flow_lanes)
         vload = torch.maximum(south.amax(1), north.amax(1))
-        wave_out = torch.tensor([wavelets(int(n), k.dtype, hw) for n in sizes.tolist()], dtype=torch.int64)
         reduce = (
             vload[:, None] * wave_out[None, :]
             + torch.where(vload > 0, (r.height - 1) * hw.hop_cycles, 0)[:, None]
@@ -315,7 +329,7 @@ class _Clock:
         east = r.x + r.width - 1
         to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
         emit_ready = (per_column + reduce + to_edge[:, None]).amax(dim=0)
-        flow = self._out_flow(k, emit_ready, b)
+        flow = self._out_flow(k, emit_ready, b, wave_out)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b[work], cost[work])
         n_tasks = torch.zeros(r.pes, dtype=torch.int64).index_add_(
             0, pes_b[work], count[None, :].expand_as(work)[work]
@@ -363,9 +377,7 @@ class _Clock:
         ymin = torch.full((n,), r.height, dtype=torch.int64).scatter_reduce(0, key, py, "amin")
         ymax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, key, py, "amax")
         held = ymax >= 0
-        bounds = lane_bounds(out_f, lanes)
-        lane = torch.searchsorted(bounds, torch.arange(out_f), right=True) - 1
-        lane = lane.repeat(r.width)
+        lane = _lane_rank(lane_bounds(out_f, lanes), torch.arange(out_f))[0].repeat(r.width)
         cols = torch.arange(r.width).repeat_interleave(out_f)
         south = torch.zeros((r.width, r.height + 1), dtype=torch.int64)
         north = torch.zeros((r.width, r.height + 2), dtype=torch.int64)
@@ -383,13 +395,11 @@ class _Clock:
 
     def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
-        b, blocks, sizes = self._blocks(k)
+        b, blocks, sizes, wave = self._blocks(k)
         f = features_of(k.shape)
         lanes = _lanes(k, f)
-        bounds = lane_bounds(f, lanes)
         feats = torch.arange(f)
-        lane = torch.searchsorted(bounds, feats, right=True) - 1
-        rank = feats - bounds[lane]
+        lane, rank = _lane_rank(lane_bounds(f, lanes), feats)
         px = r.x + rank % r.width
         py = r.y + lane
         pe_local = lane * r.width + rank % r.width
@@ -402,9 +412,7 @@ class _Clock:
             latest[value] = int(a.max())
             arr = torch.maximum(arr, a)
         ops = ops_per_element(self.p, k)
-        cost = torch.tensor(
-            [task_cycles(ops, int(n), k.dtype, hw) for n in sizes.tolist()], dtype=torch.int64
-        )
+        cost = _per_block(lambda n: task_cycles(ops, n, k.dtype, hw), sizes)
         cost_b = cost[:, None].expand(blocks, f)
         pes_b = pe_local[None, :].expand(blocks, f)
         fin = fifo(pes_b.reshape(-1), arr.reshape(-1), cost_b.reshape(-1)).reshape(blocks, f)
@@ -413,7 +421,7 @@ class _Clock:
             extra = 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
         east = r.x + r.width - 1
         emit_ready = (fin + extra + ((east - px) * hw.hop_cycles)[None, :]).amax(dim=1)
-        flow = self._out_flow(k, emit_ready, b)
+        flow = self._out_flow(k, emit_ready, b, wave)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(
             0, pes_b.reshape(-1), torch.full((blocks * f,), hw.task_start_cycles, dtype=torch.int64)
@@ -468,11 +476,9 @@ def time_alone(program: DataflowProgram, kernel: Kernel) -> int:
         f, rows = features_of(shape), rows_of(shape)
         lanes = _lanes(kernel, f)
         block = b if rows == rows_of(kernel.shape) else max(rows, 1)
-        blocks = math.ceil(max(rows, 1) / block)
-        sizes = [min(block, rows - i * block) for i in range(blocks)] if rows else [1]
-        wave = torch.tensor([wavelets(n, dtype, program.hardware) for n in sizes], dtype=torch.int64)
+        wave = clock._waves(_sizes(rows, block), dtype)
         lane_max = int(lane_bounds(f, lanes).diff().max())
-        emit = torch.zeros(blocks, dtype=torch.int64)
+        emit = torch.zeros(len(wave), dtype=torch.int64)
         emit[1:] = torch.cumsum(lane_max * wave, 0)[:-1]
         clock.flows[value] = Flow(value, dtype, f, lanes, rows, block, emit, wave, kernel.region.x - 1)
     return clock.time(kernel).end
