@@ -12,7 +12,6 @@ layer-pipelined is recorded in ``program.meta["dense_unavailable"]`` with the re
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -24,7 +23,7 @@ from sparsefx.runtime.program import DataflowProgram
 from .blocks import plan_blocks
 from .builder import Pending
 from .place import max_width, min_width, regions, work
-from .split_streamed import split
+from .split_streamed import split_to_fit
 
 __all__ = ["dense_pending", "plan_dense"]
 
@@ -42,23 +41,19 @@ def dense_pending(p: Pending) -> Pending:
 
 
 def _width(p: Pending, lanes: int, sram: int, mesh: MeshSpec, mode: str) -> tuple[int, int]:
-    """(columns, passes) of one dense kernel."""
-    try:
-        w = min_width(p, lanes, sram)
-    except LoweringError:
-        w = mesh.width + 1
+    """(columns, passes) of one dense kernel; one that fits nowhere needs more columns than the mesh."""
+
+    def need(q: Pending) -> int:
+        try:
+            return min_width(q, lanes, sram)
+        except LoweringError:
+            return mesh.width + 1
+
+    w = need(p)
     if mode != "streaming" or p.sparse is None or w <= mesh.width:
         return w, 1
-    parts = math.ceil(w / mesh.width)
-    while True:
-        pieces = split(p, parts)[:-1]
-        try:
-            need = max(min_width(q, lanes, sram) for q in pieces)
-        except LoweringError:
-            need = mesh.width + 1
-        if need <= mesh.width or parts >= p.sparse.weight.shape[0]:
-            return min(need, mesh.width), parts
-        parts *= 2
+    pieces, needs = split_to_fit(p, mesh.width, need)
+    return min(max(needs), mesh.width), len(pieces) - 1
 
 
 def plan_dense(program: DataflowProgram, pending: list[Pending], lanes: int) -> None:

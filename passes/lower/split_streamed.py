@@ -17,10 +17,11 @@ the outputs back together, so consumers read the same value::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from .builder import Pending, SparseWeight
 
-__all__ = ["split", "out_dim"]
+__all__ = ["split", "split_to_fit", "out_dim"]
 
 
 def out_dim(p: Pending) -> int:
@@ -64,3 +65,16 @@ def split(p: Pending, parts: int) -> list[Pending]:
         source=p.source,
     )
     return [*pieces, cat]
+
+
+def split_to_fit(p: Pending, width: int, need: Callable[[Pending], int]) -> tuple[list[Pending], list[int]]:
+    """``split(p, parts)`` with the fewest parts, doubling from ``ceil(need(p) / width)``, whose kernels
+    each ``need`` at most ``width`` columns (or one output per part); the kernels and what each needs."""
+    assert p.sparse is not None
+    parts = -(-need(p) // width)
+    while True:
+        pieces = split(p, parts)
+        needs = [need(q) for q in pieces]
+        if max(needs) <= width or parts >= p.sparse.weight.shape[0]:
+            return pieces, needs
+        parts *= 2

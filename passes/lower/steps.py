@@ -30,7 +30,7 @@ from .flops import counted_flops
 from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
-from .split_streamed import split
+from .split_streamed import split_to_fit
 
 __all__ = [
     "LoweringState",
@@ -110,13 +110,7 @@ class SizeRegions:
                 pending.append(p)
                 widths.append(w)
                 continue
-            parts = -(-w // state.mesh.width)
-            while True:
-                pieces = split(p, parts)
-                need = [min_width(q, lanes, sram) for q in pieces]
-                if max(need) <= state.mesh.width or parts >= p.sparse.weight.shape[0]:
-                    break
-                parts *= 2
+            pieces, need = split_to_fit(p, state.mesh.width, lambda q: min_width(q, lanes, sram))
             pending += pieces
             widths += need
         state.pending, state.widths = pending, widths
