@@ -21,6 +21,7 @@ import math
 from collections.abc import Iterator
 
 from sparsefx.errors import LoweringError
+from sparsefx.runtime.cost import features_of
 from sparsefx.runtime.memory import ACC_BYTES, ROWS_IN_FLIGHT, itemsize
 from sparsefx.runtime.mesh import MeshSpec
 from sparsefx.runtime.program import Region
@@ -33,13 +34,9 @@ MIN_NNZ_PER_PE = 32
 SRAM_MARGIN = 0.9  # size for 90% of SRAM: balanced slices and lane rounding add a little per PE
 
 
-def _features(shape: tuple[int, ...]) -> int:
-    return shape[-1] if shape else 1
-
-
 def lanes_for(pending: list[Pending], inputs: list[tuple[int, ...]], mesh: MeshSpec) -> int:
     """Rows the program uses: one per feature of its widest value, at most the mesh height."""
-    widest = max([_features(p.shape) for p in pending] + [_features(s) for s in inputs] + [1])
+    widest = max([features_of(p.shape) for p in pending] + [features_of(s) for s in inputs] + [1])
     return max(1, min(mesh.height, widest))
 
 
@@ -75,7 +72,7 @@ def min_width(p: Pending, lanes: int, sram: int) -> int:
             f"kernel {p.name!r} ({p.source}) cannot fit: even one output per column needs more than "
             f"{sram} bytes of SRAM per PE"
         )
-    streaming = 2 * ROWS_IN_FLIGHT * math.ceil(_features(p.shape) / lanes) * itemsize(p.dtype)  # in and out
+    streaming = 2 * ROWS_IN_FLIGHT * math.ceil(features_of(p.shape) / lanes) * itemsize(p.dtype)  # in and out
     room = budget - streaming
     if room <= 0:
         raise LoweringError(f"kernel {p.name!r}: its row buffers alone exceed {sram} bytes of SRAM per PE")
@@ -98,7 +95,7 @@ def max_width(p: Pending, lanes: int, mesh: MeshSpec) -> int:
         useful = max(1, nnz // (MIN_NNZ_PER_PE * lanes))
         return max(1, min(mesh.width, out, useful))
     if p.op == "matmul":
-        return max(1, min(mesh.width, _features(p.shape)))
+        return max(1, min(mesh.width, features_of(p.shape)))
     return 1
 
 
