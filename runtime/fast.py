@@ -121,7 +121,6 @@ class KernelTime:
     skipped: int = 0  # input messages the sender filtered (all-zero vectors)
     axpys: int = 0
     skipped_axpys: int = 0
-    wavelets_in: int = 0
     waits_on: str | None = None  # the input (or "load", "previous") whose arrival came last
     load: tuple[int, int] | None = None  # streaming: when its weights were loaded
     bus: tuple[torch.Tensor, torch.Tensor] | None = None  # wavelets per vertical link [width, height]
@@ -174,8 +173,14 @@ def _lanes(kernel: Kernel, features: int) -> int:
 
 
 class _Clock:
-    def __init__(self, program: DataflowProgram, activity: Mapping[str, torch.Tensor] | None) -> None:
+    def __init__(
+        self,
+        program: DataflowProgram,
+        activity: Mapping[str, torch.Tensor] | None,
+        layouts: Mapping[str, Layout] | None = None,
+    ) -> None:
         self.p = program
+        self.layouts = layouts or {}
         self.hw = program.hardware
         self.activity = activity or {}
         self.flows: dict[str, Flow] = {
@@ -277,7 +282,7 @@ class _Clock:
         flow = self._out_flow(k, torch.tensor([t0]), b, wave)
         return KernelTime(k.name, k.op, t0, flow.done, zeros, zeros.clone(), 1), flow
 
-    def _waits(self, k: Kernel, latest: dict[str, int], t0: int) -> str | None:
+    def _waits(self, latest: dict[str, int], t0: int) -> str | None:
         if not latest:
             return "previous" if self.streaming and t0 > 0 else None
         name, when = max(latest.items(), key=lambda kv: kv[1])
@@ -287,7 +292,7 @@ class _Clock:
 
     def _sparse(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
-        s = layout(self.p, k)
+        s = self.layouts.get(k.name) or layout(self.p, k)
         b, blocks, sizes, wave_out = self._blocks(k)
         x, y = self._geometry(k)
         widths = s.in_hi - s.in_lo
@@ -350,8 +355,7 @@ class _Clock:
             skipped=int((~sent).sum()),
             axpys=int(count[None, :].expand_as(work)[work].sum()),
             skipped_axpys=int(count[None, :].expand_as(skipped)[skipped].sum()),
-            wavelets_in=int((sent.to(torch.int64) * self.flows[value].wave.max()).sum()),
-            waits_on=self._waits(k, latest, t0),
+            waits_on=self._waits(latest, t0),
             bus=(south * int(wave_out.sum()), north * int(wave_out.sum())),
         )
         return kt, flow
@@ -435,8 +439,7 @@ class _Clock:
             overhead,
             blocks,
             messages=blocks * f,
-            wavelets_in=int(sum(self.flows[v].wave.sum() * self.flows[v].features for v in set(k.inputs))),
-            waits_on=self._waits(k, latest, t0),
+            waits_on=self._waits(latest, t0),
         )
         return kt, flow
 
@@ -465,10 +468,11 @@ def simulate(program: DataflowProgram, activity: Mapping[str, torch.Tensor] | No
     return Timeline(kernels, clock.flows, cycles, done)
 
 
-def time_alone(program: DataflowProgram, kernel: Kernel) -> int:
+def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = None) -> int:
     """Cycles ``kernel`` takes alone: its inputs stream in back to back, in its own blocks, from west
-    of its region. The lowering compares mappings (block sizes) with it."""
-    clock = _Clock(program, None)
+    of its region. The lowering compares mappings (block sizes) with it; ``known`` is the kernel's
+    layout when the caller has read it already."""
+    clock = _Clock(program, None, {kernel.name: known} if known is not None else None)
     clock.streaming = False
     b = block_rows(kernel)
     for value in dict.fromkeys(kernel.inputs):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from sparsefx.runtime.cost import row_streaming, rows_of
 from sparsefx.runtime.fast import time_alone
+from sparsefx.runtime.layout import layout
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
@@ -38,11 +39,12 @@ def _fits(program: DataflowProgram, k: Kernel) -> bool:
 
 def _best_sparse(program: DataflowProgram, k: Kernel) -> int | None:
     best: tuple[int, int] | None = None
+    known = layout(program, k)  # the same at every block size: read and check the slices once
     for b in candidates(rows_of(k.shape)):
         k.attrs["rows_in_flight"] = b
         if not k.attrs.get("all_ones") and not _fits(program, k):
             continue
-        cycles = time_alone(program, k)
+        cycles = time_alone(program, k, known)
         if best is None or cycles < best[0]:
             best = (cycles, b)
     k.attrs.pop("rows_in_flight", None)
