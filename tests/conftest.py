@@ -47,3 +47,29 @@ def compile_builtins() -> dict[str, tuple[Any, tuple]]:
         spec = build_model(name)
         out[name] = (sparsefx.compile(spec.model, 0.9, spec.args), spec.args)
     return out
+
+
+HF_VOCAB = 300
+"""Vocabulary of the small Hugging Face models the tests build from their configs."""
+
+
+def tiny_gpt2_config(**overrides: Any) -> Any:
+    """A two-layer, 32-wide ``transformers.GPT2Config`` (no download); ``overrides`` set other fields."""
+    import transformers
+
+    fields = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=HF_VOCAB, n_positions=32, use_cache=False)
+    return transformers.GPT2Config(**(fields | overrides))
+
+
+def tiny_bert_config() -> Any:
+    """A two-layer, 32-wide ``transformers.BertConfig`` (no download)."""
+    import transformers
+
+    return transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=HF_VOCAB,
+        max_position_embeddings=32,
+    )

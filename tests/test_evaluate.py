@@ -11,7 +11,7 @@ import transformers
 from torch import nn
 
 import sparsefx
-from conftest import LOWER_MESH, compile_builtins
+from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_bert_config, tiny_gpt2_config
 from sparsefx.errors import EmulationError, LoweringError
 from sparsefx.passes.lower import lower_graph
 from sparsefx.passes.lower.place_sparse import place_sparse
@@ -23,7 +23,7 @@ from sparsefx.runtime.semantics import RULES
 MODES = ("pipelined", "streaming")
 PLACEMENTS = ("block", "balanced")
 MESH = LOWER_MESH
-VOCAB = 300
+VOCAB = HF_VOCAB
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -91,9 +91,7 @@ def test_a_layer_streamed_in_passes_evaluates_whole(compiled) -> None:
 @pytest.fixture(scope="module")
 def hf_gpt2() -> tuple[sparsefx.SparseModel, sparsefx.DataflowProgram]:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, use_cache=False
-    )
+    config = tiny_gpt2_config()
     model = transformers.GPT2LMHeadModel(config).eval()
     ids = torch.randint(0, VOCAB, (2, 16))
     sm = sparsefx.compile(model, 0.9, (ids,))
@@ -114,14 +112,7 @@ def bert_call(seed: int) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def hf_bert() -> tuple[sparsefx.SparseModel, sparsefx.DataflowProgram]:
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-    )
+    config = tiny_bert_config()
     model = transformers.BertModel(config).eval()
     call = bert_call(0)
     sm = sparsefx.compile(model, 0.9, call)

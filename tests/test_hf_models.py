@@ -11,34 +11,18 @@ import torch.utils._pytree as pytree
 import transformers
 
 import sparsefx
-from conftest import assert_outputs_close, reference_forward
+from conftest import HF_VOCAB, assert_outputs_close, reference_forward, tiny_bert_config, tiny_gpt2_config
 
-VOCAB = 300
+VOCAB = HF_VOCAB
 
 
 def gpt2(use_cache: bool) -> torch.nn.Module:
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=VOCAB,
-        n_positions=32,
-        use_cache=use_cache,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
+    config = tiny_gpt2_config(use_cache=use_cache, bos_token_id=0, eos_token_id=0)
     return transformers.GPT2LMHeadModel(config)
 
 
 def bert() -> torch.nn.Module:
-    config = transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-    )
+    config = tiny_bert_config()
     return transformers.BertForMaskedLM(config)
 
 

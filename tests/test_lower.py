@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import sparsefx
-from conftest import LOWER_MESH, compile_builtins
+from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_bert_config, tiny_gpt2_config
 from sparsefx.errors import LoweringError, VerifyError
 from sparsefx.runtime.csc import assemble
 from sparsefx.runtime.mesh import HardwareSpec
@@ -122,11 +122,9 @@ def test_the_model_keeps_its_mode(compiled) -> None:
 
 def test_hf_gpt2_from_export_lowers() -> None:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=300, n_positions=32, use_cache=False
-    )
+    config = tiny_gpt2_config()
     model = transformers.GPT2LMHeadModel(config).eval()
-    ids = torch.randint(0, 300, (2, 16))
+    ids = torch.randint(0, HF_VOCAB, (2, 16))
     sm = sparsefx.compile(model, 0.9, (ids,))
     program = sparsefx.lower(sm, (ids,), mesh=(64, 64), mode="streaming")
     program.verify()
@@ -140,16 +138,9 @@ def test_hf_gpt2_from_export_lowers() -> None:
 def test_hf_bert_encoder_from_export_lowers() -> None:
     """A BERT encoder with token-type and position embeddings and an attention mask, called by keywords."""
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=300,
-        max_position_embeddings=32,
-    )
+    config = tiny_bert_config()
     model = transformers.BertModel(config).eval()
-    ids = torch.randint(0, 300, (2, 16))
+    ids = torch.randint(0, HF_VOCAB, (2, 16))
     types = torch.zeros_like(ids)
     types[:, 8:] = 1
     call = {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones_like(ids)}

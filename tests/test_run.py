@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import sparsefx
+from conftest import LOWER_MESH, compile_builtins
 from sparsefx.errors import EmulationError
 from sparsefx.runtime.fast import fifo
-from tests.conftest import LOWER_MESH, compile_builtins
 
 MODES = ("pipelined", "streaming")
 
