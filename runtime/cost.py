@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from .memory import ROWS_IN_FLIGHT
+from .memory import ROWS_IN_FLIGHT, itemsize
 from .mesh import HardwareSpec
 from .program import DataflowProgram, Kernel
 
@@ -38,6 +38,7 @@ __all__ = [
     "ELEMENT_OPS",
     "TRANSCENDENTAL",
     "wavelets",
+    "simd",
     "axpy_cycles",
     "task_cycles",
     "load_cycles",
@@ -69,18 +70,23 @@ TRANSCENDENTAL = frozenset(
 
 def wavelets(elements: int, dtype: str, hw: HardwareSpec) -> int:
     """Wavelets that carry ``elements`` values of ``dtype`` (16-bit values go two to a wavelet)."""
-    size = 2 if dtype in ("float16", "bfloat16") else 4 if dtype in ("float32", "int32") else 8
-    return math.ceil(elements * size / hw.wavelet_bytes)
+    return math.ceil(elements * itemsize(dtype) / hw.wavelet_bytes)
+
+
+def simd(dtype: str, hw: HardwareSpec) -> int:
+    """SIMD lanes for ``dtype``: the hardware's width, or 1 (one value per cycle) for a dtype it has no
+    SIMD width for, such as the integers of position ids and masks."""
+    return hw.simd_widths.get(dtype, 1)
 
 
 def axpy_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:
     """One AXPY over ``rows`` values: the task start plus ``ceil(rows / simd)``."""
-    return hw.task_start_cycles + math.ceil(rows / hw.simd(dtype))
+    return hw.task_start_cycles + math.ceil(rows / simd(dtype, hw))
 
 
 def task_cycles(ops: int, rows: int, dtype: str, hw: HardwareSpec) -> int:
     """A task doing ``ops`` SIMD operations on each of ``rows`` values."""
-    return hw.task_start_cycles + ops * math.ceil(rows / hw.simd(dtype))
+    return hw.task_start_cycles + ops * math.ceil(rows / simd(dtype, hw))
 
 
 def load_cycles(nbytes: int, hw: HardwareSpec) -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sparsefx
-from conftest import LOWER_MESH, compile_builtins
+from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
 from sparsefx.runtime.fast import fifo
 
@@ -126,3 +126,18 @@ def test_bad_executor_is_an_emulation_error(builtins):
     program = sparsefx.lower(sm, args, mesh=LOWER_MESH["mlp"])
     with pytest.raises(EmulationError, match="executor 'warp' is not one of fast, reference"):
         sparsefx.run(program, args, executor="warp")
+
+
+def test_hf_gpt2_runs_with_its_integer_kernels():
+    """Position ids are int64, which has no SIMD width: its kernels cost one value per cycle."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(tiny_gpt2_config()).eval()
+    ids = torch.randint(0, HF_VOCAB, (2, 16))
+    sm = sparsefx.compile(model, 0.9, (ids,))
+    program = sparsefx.lower(sm, (ids,), mesh=(64, 64), mode="streaming")
+    assert any(k.dtype == "int64" for k in program.kernels)
+    fresh = torch.randint(0, HF_VOCAB, (2, 16))
+    result = sparsefx.run(program, (fresh,))
+    torch.testing.assert_close(result.outputs.logits, sm.eval()(fresh).logits, rtol=1e-4, atol=1e-5)
+    assert sum(result.stats.parts.values()) == result.stats.cycles and result.stats.dense is not None
