@@ -27,7 +27,7 @@ from .csc import pe_nnz
 from .memory import pe_bytes
 from .program import DataflowProgram
 
-__all__ = ["program_graph", "write_dot", "pe_grid", "draw_mesh"]
+__all__ = ["program_graph", "write_dot", "pe_grid", "draw_mesh", "draw_grid"]
 
 
 def program_graph(program: DataflowProgram) -> Any:
@@ -90,6 +90,18 @@ def pe_grid(program: DataflowProgram, what: str = "nnz") -> torch.Tensor:
 
 def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str = "nnz") -> None:
     """A PNG of the mesh: the per-PE heatmap with each kernel's region outlined and the larger ones named."""
+    label = "nonzeros per PE" if what == "nnz" else "SRAM bytes per PE"
+    title = (
+        f"{len(program.kernels)} kernels on a {program.mesh} mesh, {program.mode}, {program.placement}"
+        f" placement: {'nonzeros' if what == 'nnz' else 'SRAM'} per PE"
+    )
+    draw_grid(program, pe_grid(program, what), path, label, title)
+
+
+def draw_grid(
+    program: DataflowProgram, grid: torch.Tensor, path: str | os.PathLike[str], label: str, title: str
+) -> None:
+    """A PNG of ``grid`` (``[height, width]`` per-PE values) over ``program``'s mesh, regions outlined."""
     try:
         import matplotlib
 
@@ -98,11 +110,10 @@ def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str 
         from matplotlib.patches import Rectangle
     except ImportError as exc:  # the optional extra
         raise ImportError("drawing the mesh needs matplotlib: pip install 'sparsefx[plot]'") from exc
-    grid = pe_grid(program, what).float()
     aspect = program.mesh.height / program.mesh.width
     fig, ax = plt.subplots(figsize=(11, max(3.0, 11 * aspect * 0.8)))
-    shown = ax.imshow(grid.numpy(), cmap="viridis", interpolation="nearest", aspect="auto")
-    fig.colorbar(shown, ax=ax, label="nonzeros per PE" if what == "nnz" else "SRAM bytes per PE")
+    shown = ax.imshow(grid.float().numpy(), cmap="viridis", interpolation="nearest", aspect="auto")
+    fig.colorbar(shown, ax=ax, label=label)
     palette = plt.get_cmap("tab20")
     span = program.mesh.width
     for i, k in enumerate(program.kernels):
@@ -125,10 +136,7 @@ def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str 
             )
     ax.set_xlabel("PE column (x)")
     ax.set_ylabel("PE row (y)")
-    ax.set_title(
-        f"{len(program.kernels)} kernels on a {program.mesh} mesh, {program.mode}, {program.placement}"
-        f" placement: {'nonzeros' if what == 'nnz' else 'SRAM'} per PE"
-    )
+    ax.set_title(title)
     fig.tight_layout()
     try:
         atomic_write(

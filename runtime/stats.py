@@ -46,6 +46,8 @@ class KernelStats:
     skipped_axpys: int
     sram_max: int
     critical: bool = False
+    waits_on: str | None = None  # the input (or "load", "previous") whose arrival came last
+    load: tuple[int, int] | None = None  # streaming: when its weights were loaded (start, end)
 
 
 @dataclass
@@ -248,6 +250,8 @@ def collect(program: DataflowProgram, timeline: Timeline, executor: str) -> RunS
                 kt.skipped_axpys,
                 sram,
                 kt.name in on_path,
+                kt.waits_on,
+                kt.load,
             )
         )
     if program.mode == "pipelined":

@@ -1,4 +1,4 @@
-"""The ``sparsefx`` command: validate a config, inspect a compiled graph, run the demo, finalize.
+"""The ``sparsefx`` command: validate a config, inspect a graph, lower, run a program, demo, finalize.
 
 This module is the entry point: the parser, the global flags, logging and error handling. Each
 subcommand lives in its own module of ``sparsefx.commands`` (listed in ``COMMANDS``).
@@ -7,6 +7,7 @@ subcommand lives in its own module of ``sparsefx.commands`` (listed in ``COMMAND
     $ sparsefx inspect --model gpt-tiny --config sparsity.yaml --format json
     $ sparsefx lower --model gpt-tiny --config 0.9 --mesh 64x64 -o model.sfxp
     $ sparsefx inspect model.sfxp --png mesh.png
+    $ sparsefx run model.sfxp --heatmap busy.png --trace trace.json
     $ sparsefx demo --steps 20
     $ sparsefx finalize -i sparse.pt -o dense.pt
 
@@ -30,13 +31,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import sparsefx
-from sparsefx.commands import demo, finalize, inspect, lower, validate
+from sparsefx.commands import demo, finalize, inspect, lower, run, validate
 from sparsefx.errors import SparseFXError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # The subcommands in the order ``--help`` lists them; each module has ``add_parser(sub, common)``.
-COMMANDS = (validate, inspect, lower, demo, finalize)
+COMMANDS = (validate, inspect, lower, run, demo, finalize)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 logger = logging.getLogger("sparsefx")
 
