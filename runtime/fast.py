@@ -73,7 +73,11 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
 
 @dataclass
 class Flow:
-    """How a value's blocks leave its producer: one message per feature per block, lane by lane."""
+    """How a value's messages leave its producer: one per feature per block, each lane one at a time.
+
+    ``ready[q, f]`` is when message ``(q, f)`` can leave the producer's edge column; a lane sends its
+    messages first come first served (``depart``), one wavelet per cycle.
+    """
 
     value: str
     dtype: str
@@ -81,29 +85,38 @@ class Flow:
     lanes: int
     rows: int
     block: int
-    emit: torch.Tensor  # [blocks] when each block's first message leaves
     wave: torch.Tensor  # [blocks] wavelets per message
     east: int  # the column messages leave from (-1: the host, west of column 0)
+    ready: torch.Tensor  # [blocks, features]
+    _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def blocks(self) -> int:
         """How many blocks the value comes in."""
-        return len(self.emit)
+        return len(self.wave)
 
     @property
     def bounds(self) -> torch.Tensor:
         """``lane_bounds`` of the value's features."""
         return lane_bounds(self.features, self.lanes)
 
-    @property
-    def lane_max(self) -> int:
-        """Messages per block on the busiest lane."""
-        return int(self.bounds.diff().max()) if self.lanes else 0
+    def depart(self, t0: int = 0) -> torch.Tensor:
+        """``[blocks, features]``: when each message's head leaves, sent no earlier than ``t0`` (a stored
+        value that a streaming-mode kernel reads in its own step is sent again then)."""
+        if t0 not in self._departs:
+            lane = torch.searchsorted(self.bounds, torch.arange(self.features), right=True) - 1
+            pe = lane[None, :].expand(self.blocks, -1).reshape(-1)
+            wave = self.wave[:, None].expand(-1, self.features).reshape(-1)
+            finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
+            self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
+        return self._departs[t0]
 
     @property
     def done(self) -> int:
-        """When the last message of the last block has left the producer."""
-        return int(self.emit[-1] + self.lane_max * self.wave[-1])
+        """When the last message has left the producer."""
+        if self.features == 0:
+            return int(self.ready.max()) if self.ready.numel() else 0
+        return int((self.depart() + self.wave[:, None]).max())
 
 
 @dataclass
@@ -143,9 +156,8 @@ def _host_flow(program: DataflowProgram, name: str, shape: tuple[int, ...], dtyp
     rows = rows_of(shape)
     stretch = max(1.0, lanes / hw.host_wavelets_per_cycle)  # the host link is narrower than the lanes
     wave = math.ceil(wavelets(rows, dtype, hw) * stretch)
-    return Flow(
-        name, dtype, f, lanes, rows, rows, torch.zeros(1, dtype=torch.int64), torch.tensor([wave]), -1
-    )
+    ready = torch.zeros((1, f), dtype=torch.int64)
+    return Flow(name, dtype, f, lanes, rows, rows, torch.tensor([wave]), -1, ready)
 
 
 def _sizes(rows: int, b: int) -> torch.Tensor:
@@ -190,6 +202,7 @@ class _Clock:
         self.prev_end = 0
         self.loader_free = 0
         self.prev_start = 0
+        self.t0 = 0
 
     # -- arrivals -------------------------------------------------------------------------------------
 
@@ -222,13 +235,14 @@ class _Clock:
         q = self._source_blocks(flow, kernel, value, blocks, b)
         hops = self._hops(flow, x) + (y - lane).abs()
         hops = hops * self.hw.hop_cycles
-        t = flow.emit[q][:, None] + (rank + 1)[None, :] * flow.wave[q][:, None] + hops[None, :]
-        return t
+        depart = flow.depart(self.t0 if self.streaming else 0)
+        return depart[q][:, feats] + flow.wave[q][:, None] + hops[None, :]
 
     # -- kernels --------------------------------------------------------------------------------------
 
     def time(self, k: Kernel) -> KernelTime:
         t0, load = self._begin(k)
+        self.t0 = t0
         if k.op == "sparse_matmul":
             kt, flow = self._sparse(k, t0)
         elif k.op == "constant":
@@ -237,7 +251,8 @@ class _Clock:
             kt, flow = self._dense(k, t0)
         kt.load = load
         self.flows[k.name] = flow
-        if self.streaming:
+        if self.streaming:  # the result stays on the region until a later step sends it (sent_from)
+            kt.end = int(flow.ready.max()) if flow.ready.numel() else kt.end
             self.prev_start, self.prev_end = kt.start, kt.end
             if load is not None and load[1] >= max(kt.start, 1) and kt.waits_on != "previous":
                 kt.waits_on = "load"
@@ -259,16 +274,11 @@ class _Clock:
     def _waves(self, sizes: torch.Tensor, dtype: str) -> torch.Tensor:
         return _per_block(lambda n: wavelets(n, dtype, self.hw), sizes)
 
-    def _out_flow(self, k: Kernel, emit_ready: torch.Tensor, b: int, wave: torch.Tensor) -> Flow:
-        """The result's flow: blocks leave when ready, and each after the one before it has left."""
+    def _out_flow(self, k: Kernel, ready: torch.Tensor, b: int, wave: torch.Tensor) -> Flow:
+        """The result's flow: ``ready[q, f]`` when each message reaches the region's east edge."""
         f = features_of(k.shape)
-        lanes = _lanes(k, f)
-        lane_max = int(lane_bounds(f, lanes).diff().max())
-        spacing = torch.zeros(len(wave), dtype=torch.int64)
-        spacing[1:] = torch.cumsum(lane_max * wave, 0)[:-1]
-        emit = spacing + torch.cummax(emit_ready - spacing, 0).values
         east = k.region.x + k.region.width - 1
-        return Flow(k.name, k.dtype, f, lanes, rows_of(k.shape), b, emit, wave, east)
+        return Flow(k.name, k.dtype, f, _lanes(k, f), rows_of(k.shape), b, wave, east, ready)
 
     def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor, torch.Tensor]:
         """Rows per block, blocks, each block's rows and each block's wavelets per message."""
@@ -279,7 +289,8 @@ class _Clock:
     def _constant(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         zeros = torch.zeros(k.region.pes, dtype=torch.int64)
         b, _, _, wave = self._blocks(k)
-        flow = self._out_flow(k, torch.tensor([t0]), b, wave)
+        ready = torch.full((len(wave), features_of(k.shape)), t0, dtype=torch.int64)
+        flow = self._out_flow(k, ready, b, wave)
         return KernelTime(k.name, k.op, t0, flow.done, zeros, zeros.clone(), 1), flow
 
     def _waits(self, latest: dict[str, int], t0: int) -> str | None:
@@ -321,20 +332,39 @@ class _Clock:
         best = torch.zeros(r.pes * blocks, dtype=torch.int64).scatter_reduce(
             0, flat, fin, "amax", include_self=False
         )
-        finish = torch.maximum(best.reshape(r.pes, blocks), ready[None, :])
+        barrier = torch.full((blocks, r.pes), t0, dtype=torch.int64).scatter_reduce(
+            1, pe[None, :].expand_as(arr), arr, "amax"
+        )  # a PE's block is done once every message of its columns has come
+        finish = torch.maximum(best.reshape(r.pes, blocks), barrier.T)
         finish = torch.cummax(finish, dim=1).values
         per_column = finish.reshape(r.height, r.width, blocks).amax(dim=0)  # [width, blocks]
         out_flow_lanes = _lanes(k, features_of(k.shape))
-        south, north = self._column_load(k, s, out_flow_lanes)
+        south, north, held_x, held_o, travel = self._column_load(k, s, out_flow_lanes)
         vload = torch.maximum(south.amax(1), north.amax(1))
-        reduce = (
-            vload[:, None] * wave_out[None, :]
-            + torch.where(vload > 0, (r.height - 1) * hw.hop_cycles, 0)[:, None]
-        )
+        # A column's bus carries one block's partial sums after another, in output order: block q's
+        # start once the column is done with q and the bus with q - 1, and its busiest link passes
+        # one output per message time.
+        per_block = vload[:, None] * wave_out[None, :]
+        occupy = torch.cumsum(per_block, dim=1)  # [width, blocks]
+        bus_start = occupy - per_block + torch.cummax(per_column - (occupy - per_block), 1).values
+        moving = travel > 0
+        users = torch.zeros(r.width, dtype=torch.int64).index_add_(0, held_x, moving.to(torch.int64))
+        before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
+        first = torch.cumsum(users, 0) - users
+        rank = (before - first[held_x]) * vload[held_x] // users[held_x].clamp(min=1)  # on the busiest link
         east = r.x + r.width - 1
         to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
-        emit_ready = (per_column + reduce + to_edge[:, None]).amax(dim=0)
-        flow = self._out_flow(k, emit_ready, b, wave_out)
+        at_edge = torch.where(
+            moving[:, None],
+            bus_start[held_x] + (rank + 1)[:, None] * wave_out[None, :] + (travel * hw.hop_cycles)[:, None],
+            per_column[held_x],
+        ) + to_edge[held_x][:, None]  # [pairs, blocks]
+        ready = torch.full((s.out_features, blocks), t0, dtype=torch.int64).index_reduce_(
+            0, held_o, at_edge, "amax"
+        )  # an output is ready once every column holding a part of it has sent it on
+        if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
+            ready = ready.amax(0, keepdim=True).expand(features_of(k.shape), -1)
+        flow = self._out_flow(k, ready.T.contiguous(), b, wave_out)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b[work], cost[work])
         n_tasks = torch.zeros(r.pes, dtype=torch.int64).index_add_(
             0, pes_b[work], count[None, :].expand_as(work)[work]
@@ -360,8 +390,12 @@ class _Clock:
         )
         return kt, flow
 
-    def _column_load(self, k: Kernel, s: Layout, lanes: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Partial-sum messages on each vertical link, ``([width, height] south, [width, height] north)``.
+    def _column_load(
+        self, k: Kernel, s: Layout, lanes: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Partial-sum messages on each vertical link, ``[width, height]`` south and north, and the
+        (column, output) pairs where some PE holds a part of the output, with the rows each pair's
+        partial sums travel to reach the output's lane (0: none travel).
 
         Partial sums of one output merge on their way to its lane, so a link carries each output
         once: the south link below row ``y`` carries the outputs held at or above ``y`` whose lane is
@@ -372,7 +406,8 @@ class _Clock:
         span = s.span.clamp(max=out_f)
         pe = torch.repeat_interleave(torch.arange(r.pes), span)
         if pe.numel() == 0:
-            return (torch.zeros((r.width, r.height), dtype=torch.int64),) * 2
+            none = torch.zeros(0, dtype=torch.int64)
+            return (torch.zeros((r.width, r.height), dtype=torch.int64),) * 2 + (none, none, none)
         offset = torch.arange(len(pe)) - (torch.cumsum(span, 0) - span)[pe]
         o = (s.out_lo[pe] + offset) % max(out_f, 1)
         px, py = pe % r.width, pe // r.width
@@ -395,7 +430,15 @@ class _Clock:
         north.index_put_(
             (cols[nm], ymax[nm] + 1), -torch.ones(int(nm.sum()), dtype=torch.int64), accumulate=True
         )
-        return south.cumsum(1)[:, : r.height], north.cumsum(1)[:, 1 : r.height + 1]
+        pairs = held.nonzero().squeeze(1)
+        travel = torch.maximum(lane - ymin, ymax - lane).clamp(min=0)[pairs]
+        return (
+            south.cumsum(1)[:, : r.height],
+            north.cumsum(1)[:, 1 : r.height + 1],
+            pairs // max(out_f, 1),
+            pairs % max(out_f, 1),
+            travel,
+        )
 
     def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
@@ -424,8 +467,8 @@ class _Clock:
         if k.op in REDUCING_STATS and lanes > 1:
             extra = 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
         east = r.x + r.width - 1
-        emit_ready = (fin + extra + ((east - px) * hw.hop_cycles)[None, :]).amax(dim=1)
-        flow = self._out_flow(k, emit_ready, b, wave)
+        done = fin.amax(dim=1, keepdim=True) + extra if extra else fin  # the all-reduce: a barrier
+        flow = self._out_flow(k, done + ((east - px) * hw.hop_cycles)[None, :], b, wave)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(
             0, pes_b.reshape(-1), torch.full((blocks * f,), hw.task_start_cycles, dtype=torch.int64)
@@ -481,8 +524,6 @@ def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = 
         lanes = _lanes(kernel, f)
         block = b if rows == rows_of(kernel.shape) else max(rows, 1)
         wave = clock._waves(_sizes(rows, block), dtype)
-        lane_max = int(lane_bounds(f, lanes).diff().max())
-        emit = torch.zeros(len(wave), dtype=torch.int64)
-        emit[1:] = torch.cumsum(lane_max * wave, 0)[:-1]
-        clock.flows[value] = Flow(value, dtype, f, lanes, rows, block, emit, wave, kernel.region.x - 1)
+        ready = torch.zeros((len(wave), f), dtype=torch.int64)
+        clock.flows[value] = Flow(value, dtype, f, lanes, rows, block, wave, kernel.region.x - 1, ready)
     return clock.time(kernel).end

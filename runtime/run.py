@@ -30,6 +30,7 @@ from .baseline import dense_activity, dense_program, unavailable
 from .evaluate import evaluate
 from .fast import simulate
 from .program import DataflowProgram, Kernel
+from .reference import execute
 from .stats import RunStats, collect, compare
 
 __all__ = ["RunResult", "run", "EXECUTORS"]
@@ -66,11 +67,16 @@ def run(
     """Run ``program`` on ``inputs`` (module docstring); ``device`` holds the values (CPU by default)."""
     if executor not in EXECUTORS:
         raise EmulationError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
-    if executor == "reference":
-        raise EmulationError("executor 'reference' is not in this version yet; use executor='fast'")
     activity = _Activity()
-    outputs = evaluate(program, inputs, device, listener=activity)
-    stats = collect(program, simulate(program, activity.seen), executor)
+    if executor == "reference":
+        outputs, timeline = execute(program, inputs)
+        if device is not None:
+            outputs = _to(outputs, torch.device(device))
+        evaluate(program, inputs, None, listener=activity)  # the activity the dense baseline sees
+    else:
+        outputs = evaluate(program, inputs, device, listener=activity)
+        timeline = simulate(program, activity.seen)
+    stats = collect(program, timeline, executor)
     dense = dense_program(program)
     if dense is None:
         stats.dense_unavailable = unavailable(program)
@@ -78,3 +84,14 @@ def run(
         baseline = collect(dense, simulate(dense, dense_activity(activity.seen, dense)), executor)
         stats.dense = compare(program, stats, baseline)
     return RunResult(outputs, stats)
+
+
+def _to(tree: Any, device: torch.device) -> Any:
+    """``tree`` with its tensors moved to ``device``."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_to(t, device) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _to(v, device) for k, v in tree.items()}
+    return tree

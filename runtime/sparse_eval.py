@@ -34,7 +34,7 @@ from sparsefx.errors import EmulationError
 
 from .program import lane_bounds
 
-__all__ = ["CHUNK_ELEMENTS", "Slices", "read_slices", "product", "sparse_matmul"]
+__all__ = ["CHUNK_ELEMENTS", "Product", "Slices", "read_slices", "product", "sparse_matmul"]
 
 CHUNK_ELEMENTS = 1 << 22
 """Elements of one scratch buffer (rows x nonzeros of a PE group, rows x inputs of an im2col chunk)."""
@@ -240,6 +240,10 @@ def product(s: Slices, x: torch.Tensor) -> torch.Tensor:
     return out.t().to(result_dtype).contiguous()
 
 
+Product = Callable[[Slices, torch.Tensor], torch.Tensor]
+"""``(slices, x [rows, in]) -> [rows, out]``: how a sparse product is computed (``product`` by default)."""
+
+
 def _tuple(value: int | Sequence[int], n: int, name: str, where: str) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * n
@@ -254,6 +258,7 @@ def _conv(
     attrs: Mapping,
     shape: tuple[int, ...],
     finish: Callable[[torch.Tensor], torch.Tensor],
+    product: Product,
 ) -> torch.Tensor:
     """im2col, the sparse product, ``finish`` (bias) on each ``[rows, out]`` chunk, the fold to ``shape``."""
     dims = 2 if attrs["kind"] == "conv2d" else 1
@@ -297,12 +302,14 @@ def sparse_matmul(
     x: torch.Tensor,
     shape: tuple[int, ...],
     where: str,
+    product: Product = product,
 ) -> torch.Tensor:
     """A ``sparse_matmul`` kernel's result of ``shape`` from its arrays (by role) and attrs.
 
     ``region`` is ``(width, height)``. ``kind`` ``linear``/``matmul`` read ``[..., in]``, ``addmm``
     ``[rows, in]``, ``conv1d``/``conv2d`` images; the bias (array ``bias``, one per output) comes
-    last. Bad attrs or arrays are an ``EmulationError`` naming ``where``.
+    last. Bad attrs or arrays are an ``EmulationError`` naming ``where``. ``product`` computes the
+    ``[rows, in] -> [rows, out]`` products (the reference executor passes its PEs' own AXPYs).
     """
     kind = attrs.get("kind")
     if kind not in ("linear", "addmm", "matmul", "conv1d", "conv2d"):
@@ -332,7 +339,7 @@ def sparse_matmul(
     if kind in ("conv1d", "conv2d"):
         if len(shape) < (3 if kind == "conv2d" else 2):
             raise EmulationError(f"{where}: a {kind} result of shape {list(shape)} has the wrong rank")
-        out = _conv(s, x, attrs, shape, finish)
+        out = _conv(s, x, attrs, shape, finish, product)
         rows = out.numel() // max(out_f, 1)
     else:
         if x.dim() == 0 or x.shape[-1] != in_f or (kind == "addmm" and x.dim() != 2):
