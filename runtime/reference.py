@@ -157,10 +157,7 @@ class _Machine:
         if times is None:
             start = max(v.ready[q][f], floor) if self.streaming else v.ready[q][f]
             times = self.paths[key] = [start]
-        if self.streaming:
-            index = x + 1 if e < 0 else e + x
-        else:
-            index = x - e
+        index = (x + 1 if e < 0 else e + x) if self.streaming else x - e  # hops from the start
         while len(times) <= index:
             i = len(times) - 1
             if self.streaming and e >= 0 and i < e:
