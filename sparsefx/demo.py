@@ -2,23 +2,31 @@
 
 Build a model, compile it with static sparsity, check that the compiled model equals the original
 run with ``weight * mask``, train it with AdamW on a small synthetic task, check that pruned weights
-stayed exactly zero, and report FLOPs and parameters dense versus sparse::
+stayed exactly zero, report FLOPs and parameters dense versus sparse, lower the trained model onto a
+64x64 mesh, run the program on the emulated mesh on fresh inputs, check its outputs against the
+model's, and report the emulated speedup against the ideal ``1 / (1 - s)`` and where the gap goes.
+Given ``out``, it writes the program file, the busy-cycles heatmap, the Chrome trace and the JSON
+report there::
 
     >>> import io
     >>> r = run_demo("mlp", sparsity=0.5, steps=3, console=rich.console.Console(file=io.StringIO()))
-    >>> r.max_abs_diff <= 1e-5, r.pruned_stay_zero, r.masks_unchanged
+    >>> r.max_abs_diff <= 1e-5, r.pruned_stay_zero, r.masks_unchanged, r.emulated_max_diff <= 1e-4
+    (True, True, True, True)
+    >>> r.cycles > 0, r.dense_cycles > 0, r.ideal == 2.0
     (True, True, True)
 
-Tables and bars come from ``sparsefx.report``.
+Tables and bars come from ``sparsefx.report`` and ``sparsefx.runtime.report``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import rich.console
@@ -30,7 +38,7 @@ from torch.func import functional_call
 
 import sparsefx
 from sparsefx.accounting import FlopReport
-from sparsefx.errors import ConfigError, VerifyError
+from sparsefx.errors import ConfigError, ProgramWriteError, VerifyError
 from sparsefx.model import SparseModel
 from sparsefx.models.gpt import GPT
 from sparsefx.models.registry import build_model
@@ -41,6 +49,8 @@ __all__ = ["DemoResult", "run_demo"]
 
 TOLERANCE = 1e-5
 LEARNING_RATE = 3e-3
+STEPS = 300
+EMULATION_RTOL, EMULATION_ATOL = 1e-4, 1e-5  # the emulated outputs against sm.eval()'s
 
 
 @dataclass(frozen=True)
@@ -62,17 +72,25 @@ class DemoResult:
     pruned_stay_zero: bool
     masks_unchanged: bool
     flops: FlopReport
+    emulated_max_diff: float
+    cycles: int
+    dense_cycles: int | None  # None: no dense baseline (the reason is printed)
+    speedup: float | None
+    ideal: float | None
+    files: tuple[str, ...]  # what was written to ``out``
     seconds: float
 
 
 def run_demo(
     model: str = "gpt-tiny",
     sparsity: float = 0.9,
-    steps: int = 60,
+    steps: int = STEPS,
     seed: int = 0,
     console: rich.console.Console | None = None,
+    out: str | os.PathLike[str] | None = None,
 ) -> DemoResult:
-    """Compile, check, train and account ``model`` at ``sparsity``; print each stage to ``console``."""
+    """Compile, check, train, account, lower and emulate ``model`` at ``sparsity``; print each stage to
+    ``console``; write the program and the run's report files to the folder ``out`` (created) if given."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ConfigError(f"steps: {steps!r} is not a non-negative int")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -115,7 +133,17 @@ def run_demo(
 
     report = sparsefx.flops(sm)
     console.print(flop_table(report, title="FLOPs and parameters (per call on the example inputs)"))
-    _lower(sm, check_args, console)
+    saved = report.dense_forward - report.sparse_forward
+    console.print(
+        f"forward FLOPs saved by sparsity: {saved:,} of {report.dense_forward:,} "
+        f"({saved / max(report.dense_forward, 1):.1%})"
+    )
+    rows = _batch(spec.args, check_args)  # lower and run at the example inputs' batch, as counted above
+    program = _lower(sm, _head(check_args, rows), console)
+    run_args = _head(task.sample(torch.Generator().manual_seed(seed + 3))[0], rows)
+    result, emulated_diff = _emulate(sm, program, run_args, console)
+    stats = result.stats
+    files = _write_files(out, model, program, stats, console) if out is not None else ()
     seconds = time.perf_counter() - start
     console.print(f"done in {seconds:.1f} s")
     return DemoResult(
@@ -134,6 +162,12 @@ def run_demo(
         pruned_stay_zero=pruned_zero,
         masks_unchanged=unchanged,
         flops=report,
+        emulated_max_diff=emulated_diff,
+        cycles=stats.cycles,
+        dense_cycles=stats.dense.dense_cycles if stats.dense else None,
+        speedup=stats.dense.realized if stats.dense else None,
+        ideal=stats.dense.ideal if stats.dense else None,
+        files=files,
         seconds=seconds,
     )
 
@@ -211,6 +245,19 @@ def _make_task(spec: Any, seed: int) -> _BigramTask | _TeacherTask:
     with torch.no_grad():
         logits = teacher(calib)
     return _TeacherTask(teacher, tuple(first.shape[1:]), logits.mean(0), logits.std(0) + 1e-6)
+
+
+def _batch(example: tuple, sample: tuple) -> int:
+    """The example inputs' batch when a task sample has the same shape past the batch, else the sample's."""
+    a, b = (example[0] if example else None), sample[0]
+    if isinstance(a, torch.Tensor) and a.ndim == b.ndim and a.shape[1:] == b.shape[1:] and len(a) <= len(b):
+        return len(a)
+    return len(b)
+
+
+def _head(args: tuple, rows: int) -> tuple:
+    """The first ``rows`` of each input."""
+    return tuple(a[:rows] for a in args)
 
 
 def _is_float(value: Any) -> bool:
@@ -295,7 +342,7 @@ def _ok(passed: bool) -> str:
     return "[green]ok[/]" if passed else "[bold red]FAILED[/]"
 
 
-def _lower(sm: Any, args: tuple, console: Any) -> None:
+def _lower(sm: Any, args: tuple, console: Any) -> sparsefx.DataflowProgram:
     """Lower the trained model onto a 64x64 mesh (streaming if it does not fit pipelined) and verify it."""
     from sparsefx.errors import LoweringError
     from sparsefx.runtime.summary import totals_table
@@ -308,4 +355,69 @@ def _lower(sm: Any, args: tuple, console: Any) -> None:
         program = sparsefx.lower(sm, args, mesh="medium", mode="streaming")
     program.verify()
     console.print(totals_table(program))
-    console.print("emulating the program on the mesh: not available yet in this version")
+    return program
+
+
+def _emulate(sm: SparseModel, program: Any, args: tuple, console: Any) -> tuple[Any, float]:
+    """Run ``program`` on ``args`` on the emulated mesh, check the outputs against ``sm.eval()``'s and
+    print the speedup, its gap to the ideal and the report tables."""
+    from sparsefx.runtime.report import comparison_table, parts_table, summary_table
+
+    result = sparsefx.run(program, args)
+    with torch.no_grad():
+        want = tensor_leaves(sm.eval()(*args))
+    got = tensor_leaves(result.outputs)
+    if len(got) != len(want) or not got:
+        raise VerifyError(f"emulation: {len(got)} output tensors, the model returns {len(want)}")
+    diff = max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, want))
+    close = all(
+        torch.allclose(g, w, rtol=EMULATION_RTOL, atol=EMULATION_ATOL) for g, w in zip(got, want)
+    )
+    console.print(
+        f"emulated on the mesh (fresh inputs): outputs equal sm.eval()'s, max |diff| = {diff:.2e} "
+        f"(rtol {EMULATION_RTOL:g}, atol {EMULATION_ATOL:g}) {_ok(close)}"
+    )
+    if not close:
+        raise VerifyError(f"emulated outputs differ from the model's: max |diff| = {diff:.3e}")
+    stats = result.stats
+    console.print(summary_table(stats))
+    console.print(comparison_table(stats))
+    c = stats.dense
+    if c is not None:
+        console.print(
+            f"emulated speedup over dense: {c.realized:.2f}x, against an ideal 1/(1-s) = {c.ideal:.2f}x "
+            f"at {c.sparsity:.1%} sparsity ({c.efficiency:.1%} of the ideal); where the gap goes:"
+        )
+    console.print(parts_table(stats))
+    return result, diff
+
+
+def _write_files(
+    out: str | os.PathLike[str], model: str, program: Any, stats: Any, console: Any
+) -> tuple[str, ...]:
+    """The program file, heatmap (with matplotlib), Chrome trace and JSON report, in the folder ``out``."""
+    from sparsefx.runtime.report import report_data, write_heatmap, write_json
+    from sparsefx.runtime.trace import write_trace
+
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProgramWriteError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from exc
+    names = {"program": f"{model}.sfxp", "trace": "trace.json", "report": "report.json"}
+    program.save(str(folder / names["program"]))
+    write_trace(stats, folder / names["trace"], f"sparsefx demo: {model} on a {program.mesh} mesh")
+    write_json(report_data(stats, program), folder / names["report"])
+    notes = [
+        f"{names['program']} (the program: sparsefx inspect / sparsefx run it)",
+        f"{names['trace']} (open in Perfetto or chrome://tracing)",
+        f"{names['report']} (every figure of the run)",
+    ]
+    try:
+        write_heatmap(program, stats, folder / "heatmap.png")
+        names["heatmap"] = "heatmap.png"
+        notes.insert(1, "heatmap.png (busy cycles per PE)")
+    except ImportError:
+        notes.append("no heatmap: it needs matplotlib (pip install 'sparsefx[plot]')")
+    console.print(f"wrote to {folder}{os.sep}: " + "; ".join(notes), markup=False)
+    return tuple(str(folder / name) for name in names.values())

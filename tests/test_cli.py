@@ -195,9 +195,29 @@ def test_demo_runs_end_to_end(results: dict) -> None:
     assert "equivalence check" in out and "max |diff|" in out
     assert "FAILED" not in out
     assert "pruned weights stayed exactly zero: ok" in out
-    for label in ("forward FLOPs", "train-step FLOPs", "parameters", "reduction"):
+    for label in ("forward FLOPs", "train-step FLOPs", "parameters", "reduction", "forward FLOPs saved"):
         assert label in out
-    assert "not available yet" in out
+    assert "emulated on the mesh (fresh inputs): outputs equal sm.eval()'s" in out
+    for label in ("run summary", "realized speedup", "ideal speedup 1/(1-s)", "where the cycles go"):
+        assert label in out
+    assert "not available yet" not in out
+
+
+def test_demo_writes_its_files(results: dict, config_dir: Path) -> None:
+    out = _ok(results["demo"])
+    folder = config_dir / "sparsefx-demo"  # the default --out, in the current directory
+    assert f"wrote to sparsefx-demo{os.sep}" in out
+    names = ("gpt-tiny.sfxp", "heatmap.png", "trace.json", "report.json")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names)
+    for name in names:
+        assert name in out
+    program = sparsefx.load_program(str(folder / "gpt-tiny.sfxp"))
+    report = json.loads((folder / "report.json").read_text())
+    assert report["program"]["model"] == "GPT" and report["program"]["kernels"] == len(program.kernels)
+    assert sum(report["parts"].values()) == report["cycles"] > 0
+    trace = json.loads((folder / "trace.json").read_text())
+    assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == len(program.kernels)
+    assert (folder / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_unexpected_error_exits_1_and_interrupt_130(monkeypatch, capsys) -> None:
@@ -229,3 +249,25 @@ def test_run_demo_is_deterministic_and_learns() -> None:
     assert first.pruned_stay_zero and first.masks_unchanged
     assert first.loss_after < first.loss_before
     assert first.flops.sparse_forward < first.flops.dense_forward
+    assert first.emulated_max_diff <= 1e-4 and first.cycles > 0
+    assert first.ideal == pytest.approx(4.0, rel=1e-3)  # 1 / (1 - 0.75)
+    assert first.files == ()  # no out folder, no files
+
+
+def test_demo_fails_when_the_emulated_outputs_differ(monkeypatch, tmp_path) -> None:
+    from rich.console import Console
+
+    from sparsefx.demo import run_demo
+    from sparsefx.errors import VerifyError
+
+    real = sparsefx.run
+
+    def off_by_one(program, inputs, **kwargs):
+        result = real(program, inputs, **kwargs)
+        return dataclasses.replace(result, outputs=result.outputs + 1)
+
+    monkeypatch.setattr(sparsefx, "run", off_by_one)
+    quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
+    with pytest.raises(VerifyError, match="emulated outputs differ from the model's"):
+        run_demo("mlp", sparsity=0.5, steps=0, console=quiet, out=tmp_path / "demo")
+    assert not (tmp_path / "demo").exists()  # nothing written for a failed check
