@@ -50,6 +50,7 @@ __all__ = ["DemoResult", "run_demo"]
 TOLERANCE = 1e-5
 LEARNING_RATE = 3e-3
 STEPS = 300
+SMALL_MODEL = 1_000_000  # parameters: a smaller model runs the demo on one intra-op thread (_few_threads)
 EMULATION_RTOL, EMULATION_ATOL = 1e-4, 1e-5  # the emulated outputs against sm.eval()'s
 
 
@@ -95,7 +96,18 @@ def run_demo(
         raise ConfigError(f"steps: {steps!r} is not a non-negative int")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed: {seed!r} is not a non-negative int")
-    console = console or make_console()
+    with _few_threads(model):
+        return _run_demo(model, sparsity, steps, seed, console or make_console(), out)
+
+
+def _run_demo(
+    model: str,
+    sparsity: float,
+    steps: int,
+    seed: int,
+    console: rich.console.Console,
+    out: str | os.PathLike[str] | None,
+) -> DemoResult:
     start = time.perf_counter()
     spec = build_model(model, seed=seed)
     task = _make_task(spec, seed)
@@ -290,6 +302,26 @@ def _train(sm: SparseModel, task: Any, steps: int, gen: torch.Generator, console
             optimizer.step()
             progress.update(bar, advance=1, loss=f"{loss.item():.4f}")
     sm.eval()
+
+
+@contextlib.contextmanager
+def _few_threads(model: str) -> Iterator[None]:
+    """One intra-op thread while a model under ``SMALL_MODEL`` parameters runs the demo.
+
+    Its ops are too small to gain from more threads, and on a machine busy with other work the extra
+    threads' waiting slows every op many times over: the whole gpt-tiny demo took 146 s on two
+    threads and 24 s on one, on two cores shared with other processes.
+    """
+    params = sum(p.numel() for p in build_model(model, device="meta").model.parameters())
+    if params >= SMALL_MODEL:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

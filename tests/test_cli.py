@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import sparsefx
 from sparsefx import cli
@@ -242,7 +243,9 @@ def test_run_demo_is_deterministic_and_learns() -> None:
     from sparsefx.demo import run_demo
 
     quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
+    threads = torch.get_num_threads()
     first = run_demo("mlp", sparsity=0.75, steps=20, seed=3, console=quiet)
+    assert torch.get_num_threads() == threads  # one thread for a small model, restored after
     second = run_demo("mlp", sparsity=0.75, steps=20, seed=3, console=quiet)
     assert dataclasses.replace(first, seconds=0.0) == dataclasses.replace(second, seconds=0.0)
     assert first.max_abs_diff <= 1e-5 and first.max_abs_diff_trained <= 1e-5
