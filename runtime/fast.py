@@ -230,13 +230,29 @@ class _Clock:
         y: torch.Tensor,
     ) -> torch.Tensor:
         """``[blocks, n]``: when feature ``feats[n]`` of each block reaches the PE at ``(x, y)``."""
-        flow = self.flows[value]
-        lane, rank = _lane_rank(flow.bounds, feats)
+        flow, hop = self.flows[value], self.hw.hop_cycles
+        lane, _ = _lane_rank(flow.bounds, feats)
         q = self._source_blocks(flow, kernel, value, blocks, b)
-        hops = self._hops(flow, x) + (y - lane).abs()
-        hops = hops * self.hw.hop_cycles
         depart = flow.depart(self.t0 if self.streaming else 0)
-        return depart[q][:, feats] + flow.wave[q][:, None] + hops[None, :]
+        head = depart[q][:, feats] + (self._hops(flow, x) * hop)[None, :]  # at (x, lane row)
+        rise = y - lane
+        forks = rise != 0
+        if bool(forks.any()):  # up or down the column: one message per column and direction at a time
+            head = head.clone()
+            qs, q_at = torch.unique(q, return_inverse=True)
+            bus = x[forks] * 2 + (rise[forks] > 0).to(torch.int64)
+            key = feats[forks] * (2 * self.p.mesh.width + 2) + bus
+            keys, k_at = torch.unique(key, return_inverse=True)
+            pair = torch.zeros(len(keys), dtype=torch.int64).scatter_(0, k_at, torch.arange(len(k_at)))
+            first = torch.full((len(qs),), blocks, dtype=torch.int64).scatter_reduce(
+                0, q_at, torch.arange(blocks), "amin"
+            )  # a consumer block that reads each source block
+            at_column = head[first][:, forks][:, pair]  # [source blocks, messages on a column]
+            cost = flow.wave[qs][:, None].expand_as(at_column)
+            lanes_of = (keys % (2 * self.p.mesh.width + 2))[None, :].expand_as(at_column)
+            start = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1)).reshape(cost.shape) - cost
+            head[:, forks] = start[q_at][:, k_at]
+        return head + (rise.abs() * hop)[None, :] + flow.wave[q][:, None]
 
     # -- kernels --------------------------------------------------------------------------------------
 
@@ -339,14 +355,15 @@ class _Clock:
         finish = torch.cummax(finish, dim=1).values
         per_column = finish.reshape(r.height, r.width, blocks).amax(dim=0)  # [width, blocks]
         out_flow_lanes = _lanes(k, features_of(k.shape))
-        south, north, held_x, held_o, travel = self._column_load(k, s, out_flow_lanes)
+        south, north, held_x, held_o, travel, y_lo, y_hi = self._column_load(k, s, out_flow_lanes)
         vload = torch.maximum(south.amax(1), north.amax(1))
         # A column's bus carries one block's partial sums after another, in output order: block q's
         # start once the column is done with q and the bus with q - 1, and its busiest link passes
         # one output per message time.
         per_block = vload[:, None] * wave_out[None, :]
         occupy = torch.cumsum(per_block, dim=1)  # [width, blocks]
-        bus_start = occupy - per_block + torch.cummax(per_column - (occupy - per_block), 1).values
+        first_done = finish.reshape(r.height, r.width, blocks).amin(dim=0)  # the bus starts with it
+        bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
         moving = travel > 0
         users = torch.zeros(r.width, dtype=torch.int64).index_add_(0, held_x, moving.to(torch.int64))
         before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
@@ -354,10 +371,19 @@ class _Clock:
         rank = (before - first[held_x]) * vload[held_x] // users[held_x].clamp(min=1)  # on the busiest link
         east = r.x + r.width - 1
         to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
+        # An output's sum waits at the slowest row holding a part of it; sums waiting at one row
+        # leave it one message time apart.
+        slowest = _range_max(finish.reshape(r.height, r.width, blocks), held_x, y_lo, y_hi)
+        done_at, row = slowest // r.height, slowest % r.height
+        queue = _group_rank(held_x[:, None] * r.height + row, moving)
         at_edge = torch.where(
             moving[:, None],
-            bus_start[held_x] + (rank + 1)[:, None] * wave_out[None, :] + (travel * hw.hop_cycles)[:, None],
-            per_column[held_x],
+            torch.maximum(
+                bus_start[held_x] + (rank + 1)[:, None] * wave_out[None, :],
+                done_at + (queue + 1) * wave_out[None, :],
+            )
+            + (travel * hw.hop_cycles)[:, None],
+            done_at,
         ) + to_edge[held_x][:, None]  # [pairs, blocks]
         ready = torch.full((s.out_features, blocks), t0, dtype=torch.int64).index_reduce_(
             0, held_o, at_edge, "amax"
@@ -392,10 +418,11 @@ class _Clock:
 
     def _column_load(
         self, k: Kernel, s: Layout, lanes: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         """Partial-sum messages on each vertical link, ``[width, height]`` south and north, and the
         (column, output) pairs where some PE holds a part of the output, with the rows each pair's
-        partial sums travel to reach the output's lane (0: none travel).
+        partial sums travel to reach the output's lane (0: none travel) and the first and last row
+        holding a part of it.
 
         Partial sums of one output merge on their way to its lane, so a link carries each output
         once: the south link below row ``y`` carries the outputs held at or above ``y`` whose lane is
@@ -407,7 +434,7 @@ class _Clock:
         pe = torch.repeat_interleave(torch.arange(r.pes), span)
         if pe.numel() == 0:
             none = torch.zeros(0, dtype=torch.int64)
-            return (torch.zeros((r.width, r.height), dtype=torch.int64),) * 2 + (none, none, none)
+            return (torch.zeros((r.width, r.height), dtype=torch.int64),) * 2 + (none,) * 5
         offset = torch.arange(len(pe)) - (torch.cumsum(span, 0) - span)[pe]
         o = (s.out_lo[pe] + offset) % max(out_f, 1)
         px, py = pe % r.width, pe // r.width
@@ -438,6 +465,8 @@ class _Clock:
             pairs // max(out_f, 1),
             pairs % max(out_f, 1),
             travel,
+            ymin[pairs],
+            ymax[pairs],
         )
 
     def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
@@ -485,6 +514,43 @@ class _Clock:
             waits_on=self._waits(latest, t0),
         )
         return kt, flow
+
+
+def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``[pairs, blocks]``: over rows ``lo..hi`` of column ``x`` of ``grid`` ``[height, width, blocks]``,
+    the largest value, encoded ``value * height + row`` (a sparse table: no loop per pair)."""
+    height = grid.shape[0]
+    rows = torch.arange(height)[:, None, None].expand_as(grid)
+    table = [grid * height + rows]
+    while (1 << len(table)) <= height:
+        step, prev = 1 << (len(table) - 1), table[-1]
+        nxt = prev.clone()
+        nxt[: height - step] = torch.maximum(prev[: height - step], prev[step:])
+        table.append(nxt)
+    length = (hi - lo + 1).clamp(min=1)
+    level = torch.floor(torch.log2(length.to(torch.float64))).to(torch.int64)
+    out = torch.empty((len(x), grid.shape[2]), dtype=torch.int64)
+    for j, t in enumerate(table):
+        m = level == j
+        if bool(m.any()):
+            a = t[lo[m], x[m]]
+            b = t[(hi[m] - (1 << j) + 1).clamp(min=0), x[m]]
+            out[m] = torch.maximum(a, b)
+    return out
+
+
+def _group_rank(group: torch.Tensor, moving: torch.Tensor) -> torch.Tensor:
+    """``[pairs, blocks]``: each moving pair's place, in pair order, among the moving pairs of its group."""
+    key = torch.where(moving[:, None], group, -1)
+    order = torch.sort(key, dim=0, stable=True).indices
+    g = torch.gather(key, 0, order)
+    index = torch.arange(len(key))[:, None].expand_as(g)
+    first = torch.ones_like(g, dtype=torch.bool)
+    first[1:] = g[1:] != g[:-1]
+    start = torch.cummax(torch.where(first, index, 0), dim=0).values
+    rank = torch.empty_like(key)
+    rank.scatter_(0, order, index - start)
+    return rank
 
 
 def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:

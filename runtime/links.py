@@ -1,7 +1,7 @@
 """The mesh's links as the reference executor books them: one wavelet per link, direction and cycle.
 
-A link is ``(x, y, direction)``: the wire leaving PE ``(x, y)`` toward ``E``, ``W``, ``S`` or ``N``
-(``x = -1`` is the host's link into column 0). A message of ``w`` wavelets holds a link for ``w``
+A link is ``(x, y, direction)``: the wire leaving PE ``(x, y)`` toward ``E``, ``W``, ``S`` or ``N``,
+or ``R``, the ramp a PE sends its messages out on (``x = -1`` is the host, west of column 0). A message of ``w`` wavelets holds a link for ``w``
 cycles. ``Links.book`` gives it the first ``w`` free cycles at or after the cycle it is ready, so
 colors that share a link take turns: a message booked earlier keeps its cycles, and one booked later
 waits for a gap long enough or for the end of the queue::

@@ -156,7 +156,8 @@ class _Machine:
         times = self.paths.get(key)
         if times is None:
             start = max(v.ready[q][f], floor) if self.streaming else v.ready[q][f]
-            times = self.paths[key] = [start]
+            # the sender puts one wavelet per cycle on its lane, even to a reader on its own PE
+            times = self.paths[key] = [self.links.book((e, row, "R"), start, v.wave[q])]
         index = (x + 1 if e < 0 else e + x) if self.streaming else x - e  # hops from the start
         while len(times) <= index:
             i = len(times) - 1
