@@ -250,7 +250,8 @@ class _Clock:
             at_column = head[first][:, forks][:, pair]  # [source blocks, messages on a column]
             cost = flow.wave[qs][:, None].expand_as(at_column)
             lanes_of = (keys % (2 * self.p.mesh.width + 2))[None, :].expand_as(at_column)
-            start = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1)).reshape(cost.shape) - cost
+            done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
+            start = done.reshape(cost.shape) - cost
             head[:, forks] = start[q_at][:, k_at]
         return head + (rise.abs() * hop)[None, :] + flow.wave[q][:, None]
 
@@ -353,7 +354,6 @@ class _Clock:
         )  # a PE's block is done once every message of its columns has come
         finish = torch.maximum(best.reshape(r.pes, blocks), barrier.T)
         finish = torch.cummax(finish, dim=1).values
-        per_column = finish.reshape(r.height, r.width, blocks).amax(dim=0)  # [width, blocks]
         out_flow_lanes = _lanes(k, features_of(k.shape))
         south, north, held_x, held_o, travel, y_lo, y_hi = self._column_load(k, s, out_flow_lanes)
         vload = torch.maximum(south.amax(1), north.amax(1))

@@ -1,10 +1,11 @@
 """The mesh's links as the reference executor books them: one wavelet per link, direction and cycle.
 
-A link is ``(x, y, direction)``: the wire leaving PE ``(x, y)`` toward ``E``, ``W``, ``S`` or ``N``,
-or ``R``, the ramp a PE sends its messages out on (``x = -1`` is the host, west of column 0). A message of ``w`` wavelets holds a link for ``w``
-cycles. ``Links.book`` gives it the first ``w`` free cycles at or after the cycle it is ready, so
-colors that share a link take turns: a message booked earlier keeps its cycles, and one booked later
-waits for a gap long enough or for the end of the queue::
+A link is ``(x, y, direction)``: the wire leaving PE ``(x, y)`` toward ``E``, ``W``, ``S`` or
+``N``, or ``R``, the ramp a PE sends its messages out on (``x = -1`` is the host, west of column 0).
+A message of ``w`` wavelets holds a link for ``w`` cycles. ``Links.book`` gives it the first ``w``
+free cycles at or after the cycle it is ready, so colors that share a link take turns: a message
+booked earlier keeps its cycles, and one booked later waits for a gap long enough or for the end of
+the queue::
 
     >>> links = Links()
     >>> links.book((0, 0, "E"), 0, 4), links.book((0, 0, "E"), 2, 3), links.book((0, 0, "E"), 9, 1)
