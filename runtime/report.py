@@ -59,12 +59,12 @@ _DIRECTIONS = {"E": "east", "W": "west", "S": "south", "N": "north"}
 
 
 def fmt_seconds(seconds: float) -> str:
-    """A duration in the unit that suits it.
+    """A duration in the unit that suits it (ASCII: ``us`` for microseconds).
 
     >>> fmt_seconds(1.024e-4), fmt_seconds(2.5e-9), fmt_seconds(3.0)
-    ('102.4 µs', '2.5 ns', '3.000 s')
+    ('102.4 us', '2.5 ns', '3.000 s')
     """
-    for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
+    for unit, scale in (("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3)):
         if abs(seconds) < scale * 1000:
             return f"{seconds / scale:.1f} {unit}"
     return f"{seconds:.3f} s"
