@@ -385,8 +385,8 @@ class _Clock:
             + (travel * hw.hop_cycles)[:, None],
             done_at,
         ) + to_edge[held_x][:, None]  # [pairs, blocks]
-        ready = torch.full((s.out_features, blocks), t0, dtype=torch.int64).index_reduce_(
-            0, held_o, at_edge, "amax"
+        ready = torch.full((s.out_features, blocks), t0, dtype=torch.int64).scatter_reduce_(
+            0, held_o[:, None].expand_as(at_edge), at_edge, "amax"
         )  # an output is ready once every column holding a part of it has sent it on
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
             ready = ready.amax(0, keepdim=True).expand(features_of(k.shape), -1)
