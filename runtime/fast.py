@@ -43,6 +43,7 @@ REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 """Kernels that all-reduce statistics across lanes before they finish a block."""
 
 _BIG = 1 << 44
+_ARRIVAL_BITS, _PE_BITS = 40, 22  # the combined sort key of _order: PE, then arrival
 
 
 def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
@@ -54,9 +55,27 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
     if pe.numel() == 0:
         return torch.zeros(0, dtype=torch.int64)
     pe, arrival, cost = pe.to(torch.int64), arrival.to(torch.int64), cost.to(torch.int64)
+    order = _order(pe, arrival)
+    finish = torch.empty_like(arrival)
+    finish[order] = _run_sorted(pe[order], arrival[order], cost[order])
+    return finish
+
+
+def _order(pe: torch.Tensor, arrival: torch.Tensor) -> torch.Tensor:
+    """Indices that sort tasks by PE, then by arrival, ties in the given order: one sort of a combined
+    key when PEs and arrivals fit in it, else two stable sorts."""
+    if pe.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    a_lo, a_hi = torch.aminmax(arrival)
+    p_lo, p_hi = torch.aminmax(pe)
+    if int(a_lo) >= 0 and int(a_hi) < 1 << _ARRIVAL_BITS and int(p_lo) >= 0 and int(p_hi) < 1 << _PE_BITS:
+        return torch.sort(pe * (1 << _ARRIVAL_BITS) + arrival, stable=True).indices
     order = torch.argsort(arrival, stable=True)
-    order = order[torch.argsort(pe[order], stable=True)]
-    p, a, c = pe[order], arrival[order], cost[order]
+    return order[torch.argsort(pe[order], stable=True)]
+
+
+def _run_sorted(p: torch.Tensor, a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``fifo``'s finishes for tasks already sorted by PE, then arrival: one segmented ``cummax``."""
     total = torch.cumsum(c, 0)
     first = torch.ones_like(p, dtype=torch.bool)
     first[1:] = p[1:] != p[:-1]
@@ -66,9 +85,7 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
     seg = torch.cumsum(first.to(torch.int64), 0)
     key = a - (done - c) + seg * _BIG
     best = torch.cummax(key, 0).values - seg * _BIG
-    finish = torch.empty_like(a)
-    finish[order] = done + best
-    return finish
+    return done + best
 
 
 @dataclass
@@ -333,36 +350,66 @@ class _Clock:
         feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
         arr = self.arrivals(value, k, blocks, b, feats, x[pe], y[pe]).clamp(min=t0)
         live = self.activity.get(k.name)
-        sent = (
-            torch.ones((blocks, len(col)), dtype=torch.bool)
-            if live is None or conv
-            else _blocked(live, b)[:, col]
-        )
+        sent = None if live is None or conv else _blocked(live, b)[:, col]  # None: every message sent
         axpy = _per_block(lambda n: axpy_cycles(n, k.dtype, hw), sizes)
-        cost = count[None, :] * axpy[:, None]
-        work = sent & (count[None, :] > 0)
-        blk = torch.arange(blocks)[:, None].expand_as(work)
-        pes_b = pe[None, :].expand_as(work)
-        fin = fifo(pes_b[work], arr[work], cost[work])
-        ready = arr.amax(dim=1) if arr.numel() else torch.full((blocks,), t0, dtype=torch.int64)
-        flat = pes_b[work] * blocks + blk[work]
+        has = count > 0
+        work = has[None, :].expand(blocks, -1) if sent is None else sent & has[None, :]
+        q_w, n_w = work.nonzero(as_tuple=True)  # the tasks, in block-major order
+        pe_w, count_w, arr_w = pe[n_w], count[n_w], arr[q_w, n_w]
+        cost_w = count_w * axpy[q_w]
+        order = _order(pe_w, arr_w)
+        fin = _run_sorted(pe_w[order], arr_w[order], cost_w[order]) if len(order) else arr_w
         best = torch.zeros(r.pes * blocks, dtype=torch.int64).scatter_reduce(
-            0, flat, fin, "amax", include_self=False
+            0, (pe_w * blocks + q_w)[order], fin, "amax", include_self=False
         )
         barrier = torch.full((blocks, r.pes), t0, dtype=torch.int64).scatter_reduce(
             1, pe[None, :].expand_as(arr), arr, "amax"
         )  # a PE's block is done once every message of its columns has come
         finish = torch.maximum(best.reshape(r.pes, blocks), barrier.T)
         finish = torch.cummax(finish, dim=1).values
-        out_flow_lanes = _lanes(k, features_of(k.shape))
-        south, north, held_x, held_o, travel, y_lo, y_hi = self._column_load(k, s, out_flow_lanes)
+        south, north, ready = self._reduce(k, s, finish, wave_out, t0)
+        flow = self._out_flow(k, ready, b, wave_out)
+        busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe_w, cost_w)
+        overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe_w, count_w) * hw.task_start_cycles
+        messages = blocks * len(col) if sent is None else int(sent.sum())
+        axpys = int(count_w.sum())
+        latest = {value: int(ready.max())} if ready.numel() else {}
+        start = int(arr_w.min()) if len(arr_w) else int(ready.min())
+        kt = KernelTime(
+            k.name,
+            k.op,
+            start,
+            flow.done,
+            busy,
+            overhead,
+            blocks,
+            messages=messages,
+            skipped=blocks * len(col) - messages,
+            axpys=axpys,
+            skipped_axpys=blocks * int(count.sum()) - axpys,
+            waits_on=self._waits(latest, t0),
+            bus=(south * int(wave_out.sum()), north * int(wave_out.sum())),
+        )
+        return kt, flow
+
+    def _reduce(
+        self, k: Kernel, s: Layout, finish: torch.Tensor, wave_out: torch.Tensor, t0: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Partial sums down and up each column, then east: the vertical links' loads and ``[blocks,
+        features]`` when each output message reaches the region's east edge. ``finish[pe, q]``: when
+        the PE is done with block ``q``."""
+        hw, r = self.hw, k.region
+        blocks, h = finish.shape[1], r.height
+        lanes = _lanes(k, features_of(k.shape))
+        south, north, held_x, held_o, travel, y_lo, y_hi = self._column_load(k, s, lanes)
         vload = torch.maximum(south.amax(1), north.amax(1))
         # A column's bus carries one block's partial sums after another, in output order: block q's
         # start once the column is done with q and the bus with q - 1, and its busiest link passes
         # one output per message time.
         per_block = vload[:, None] * wave_out[None, :]
         occupy = torch.cumsum(per_block, dim=1)  # [width, blocks]
-        first_done = finish.reshape(r.height, r.width, blocks).amin(dim=0)  # the bus starts with it
+        grid = finish.reshape(h, r.width, blocks)
+        first_done = grid.amin(dim=0)  # the bus starts with it
         bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
         moving = travel > 0
         users = torch.zeros(r.width, dtype=torch.int64).index_add_(0, held_x, moving.to(torch.int64))
@@ -372,49 +419,29 @@ class _Clock:
         east = r.x + r.width - 1
         to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
         # An output's sum waits at the slowest row holding a part of it; sums waiting at one row
-        # leave it one message time apart.
-        slowest = _range_max(finish.reshape(r.height, r.width, blocks), held_x, y_lo, y_hi)
-        done_at, row = slowest // r.height, slowest % r.height
-        queue = _group_rank(held_x[:, None] * r.height + row, moving)
-        at_edge = torch.where(
-            moving[:, None],
-            torch.maximum(
-                bus_start[held_x] + (rank + 1)[:, None] * wave_out[None, :],
-                done_at + (queue + 1) * wave_out[None, :],
-            )
-            + (travel * hw.hop_cycles)[:, None],
-            done_at,
-        ) + to_edge[held_x][:, None]  # [pairs, blocks]
-        ready = torch.full((s.out_features, blocks), t0, dtype=torch.int64).scatter_reduce_(
-            0, held_o[:, None].expand_as(at_edge), at_edge, "amax"
-        )  # an output is ready once every column holding a part of it has sent it on
+        # leave it one message time apart. Pairs with the same column and rows share that row:
+        # find it once per such segment, [blocks, segments].
+        segments, seg_of = torch.unique((held_x * h + y_lo) * h + y_hi, return_inverse=True)
+        slowest = _range_max(grid, segments // (h * h), segments // h % h, segments % h).T
+        done_seg, group_seg = slowest // h, slowest % h + (segments // (h * h) * h)[None, :]
+        ready = torch.full((blocks, s.out_features), t0, dtype=torch.int64)
+        still = ~moving
+        if bool(still.any()):  # no partial sum travels: the sum leaves from where it is
+            at = done_seg[:, seg_of[still]] + to_edge[held_x[still]][None, :]
+            ready.scatter_reduce_(1, held_o[still][None, :].expand_as(at), at, "amax")
+        if bool(moving.any()):
+            seg_m, x_m = seg_of[moving], held_x[moving]
+            queue = _cumcount(group_seg[:, seg_m])  # [blocks, moving pairs]
+            lead = (travel[moving] * hw.hop_cycles + to_edge[x_m])[None, :]
+            at = torch.maximum(
+                bus_start.T[:, x_m] + (rank[moving] + 1)[None, :] * wave_out[:, None],
+                done_seg[:, seg_m] + (queue + 1) * wave_out[:, None],
+            ).add_(lead)
+            ready.scatter_reduce_(1, held_o[moving][None, :].expand_as(at), at, "amax")
+        # an output is ready once every column holding a part of it has sent it on
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
-            ready = ready.amax(0, keepdim=True).expand(features_of(k.shape), -1)
-        flow = self._out_flow(k, ready.T.contiguous(), b, wave_out)
-        busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b[work], cost[work])
-        n_tasks = torch.zeros(r.pes, dtype=torch.int64).index_add_(
-            0, pes_b[work], count[None, :].expand_as(work)[work]
-        )
-        overhead = n_tasks * hw.task_start_cycles
-        skipped = (~sent) & (count[None, :] > 0)
-        latest = {value: int(ready.max())} if ready.numel() else {}
-        start = int(arr[work].min()) if bool(work.any()) else int(ready.min())
-        kt = KernelTime(
-            k.name,
-            k.op,
-            start,
-            flow.done,
-            busy,
-            overhead,
-            blocks,
-            messages=int(sent.sum()),
-            skipped=int((~sent).sum()),
-            axpys=int(count[None, :].expand_as(work)[work].sum()),
-            skipped_axpys=int(count[None, :].expand_as(skipped)[skipped].sum()),
-            waits_on=self._waits(latest, t0),
-            bus=(south * int(wave_out.sum()), north * int(wave_out.sum())),
-        )
-        return kt, flow
+            ready = ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
+        return south, north, ready
 
     def _column_load(
         self, k: Kernel, s: Layout, lanes: int
@@ -539,18 +566,34 @@ def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.
     return out
 
 
-def _group_rank(group: torch.Tensor, moving: torch.Tensor) -> torch.Tensor:
-    """``[pairs, blocks]``: each moving pair's place, in pair order, among the moving pairs of its group."""
-    key = torch.where(moving[:, None], group, -1)
-    order = torch.sort(key, dim=0, stable=True).indices
-    g = torch.gather(key, 0, order)
-    index = torch.arange(len(key))[:, None].expand_as(g)
-    first = torch.ones_like(g, dtype=torch.bool)
-    first[1:] = g[1:] != g[:-1]
-    start = torch.cummax(torch.where(first, index, 0), dim=0).values
-    rank = torch.empty_like(key)
-    rank.scatter_(0, order, index - start)
-    return rank
+def _cumcount(key: torch.Tensor) -> torch.Tensor:
+    """``[rows, n]``: how many earlier entries of the same row hold the same key (no sort of every entry:
+    runs of equal keys are found, and only the runs sorted by key).
+
+    >>> _cumcount(torch.tensor([[3, 3, 5, 3, 5], [1, 1, 1, 2, 1]])).tolist()
+    [[0, 1, 0, 2, 1], [0, 1, 2, 0, 3]]
+    """
+    rows, n = key.shape
+    if key.numel() == 0:
+        return torch.zeros_like(key)
+    lo, hi = torch.aminmax(key)
+    span = int(hi) - int(lo) + 1
+    flat = (key - lo + torch.arange(rows)[:, None] * span).reshape(-1)  # keys never repeat across rows
+    change = torch.ones_like(flat, dtype=torch.bool)
+    change[1:] = flat[1:] != flat[:-1]
+    starts = change.nonzero().squeeze(1)  # each run of equal keys
+    lengths = torch.diff(starts, append=torch.tensor([len(flat)]))
+    run_key = flat[starts]
+    order = torch.sort(run_key, stable=True).indices
+    ordered = lengths[order]
+    before = torch.cumsum(ordered, 0) - ordered
+    new_key = torch.ones_like(order, dtype=torch.bool)
+    new_key[1:] = run_key[order][1:] != run_key[order][:-1]
+    key_start = torch.cummax(torch.where(new_key, torch.arange(len(order)), 0), 0).values
+    earlier = torch.empty_like(before)
+    earlier[order] = before - before[key_start]  # entries of the same key in earlier runs
+    run = torch.cumsum(change.to(torch.int64), 0) - 1
+    return (torch.arange(len(flat)) - (starts - earlier)[run]).reshape(rows, n)
 
 
 def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
