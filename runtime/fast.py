@@ -430,14 +430,27 @@ class _Clock:
             at = done_seg[:, seg_of[still]] + to_edge[held_x[still]][None, :]
             ready.scatter_reduce_(1, held_o[still][None, :].expand_as(at), at, "amax")
         if bool(moving.any()):
-            seg_m, x_m = seg_of[moving], held_x[moving]
-            queue = _cumcount(group_seg[:, seg_m])  # [blocks, moving pairs]
-            lead = (travel[moving] * hw.hop_cycles + to_edge[x_m])[None, :]
-            at = torch.maximum(
-                bus_start.T[:, x_m] + (rank[moving] + 1)[None, :] * wave_out[:, None],
-                done_seg[:, seg_m] + (queue + 1) * wave_out[:, None],
-            ).add_(lead)
-            ready.scatter_reduce_(1, held_o[moving][None, :].expand_as(at), at, "amax")
+            seg_m, x_m, o_m = seg_of[moving], held_x[moving], held_o[moving]
+            lead = travel[moving] * hw.hop_cycles + to_edge[x_m]
+            # Consecutive pairs of one segment always share a row: work on runs of them, [blocks,
+            # runs], and let each pair add its place in its run.
+            new_run = torch.ones_like(seg_m, dtype=torch.bool)
+            new_run[1:] = seg_m[1:] != seg_m[:-1]
+            starts = new_run.nonzero().squeeze(1)
+            run_of = torch.cumsum(new_run, 0) - 1
+            within = torch.arange(len(seg_m)) - starts[run_of]
+            run_seg = seg_m[starts]
+            earlier = _cumcount(group_seg[:, run_seg], torch.diff(starts, append=torch.tensor([len(seg_m)])))
+            bus_run, done_run = bus_start.T[:, x_m[starts]], done_seg[:, run_seg]
+            q0 = 0
+            for n, w in zip(*_spans(wave_out)):  # blocks whose messages have the same wavelets
+                q1 = q0 + n
+                at = bus_run[q0:q1][:, run_of].add_(((rank[moving] + 1) * w + lead)[None, :])
+                queued = (done_run[q0:q1] + earlier[q0:q1] * w)[:, run_of]
+                queued.add_(((within + 1) * w + lead)[None, :])
+                torch.maximum(at, queued, out=at)
+                ready[q0:q1].scatter_reduce_(1, o_m[None, :].expand_as(at), at, "amax")
+                q0 = q1
         # an output is ready once every column holding a part of it has sent it on
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
             ready = ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
@@ -566,11 +579,11 @@ def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.
     return out
 
 
-def _cumcount(key: torch.Tensor) -> torch.Tensor:
-    """``[rows, n]``: how many earlier entries of the same row hold the same key (no sort of every entry:
-    runs of equal keys are found, and only the runs sorted by key).
+def _cumcount(key: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[rows, n]``: the total ``weight`` (``[n]``) of the earlier entries of each row that hold the same
+    key. Runs of equal keys are found first, and only the runs are sorted by key.
 
-    >>> _cumcount(torch.tensor([[3, 3, 5, 3, 5], [1, 1, 1, 2, 1]])).tolist()
+    >>> _cumcount(torch.tensor([[3, 3, 5, 3, 5], [1, 1, 1, 2, 1]]), torch.tensor([1, 1, 1, 1, 2])).tolist()
     [[0, 1, 0, 2, 1], [0, 1, 2, 0, 3]]
     """
     rows, n = key.shape
@@ -582,18 +595,28 @@ def _cumcount(key: torch.Tensor) -> torch.Tensor:
     change = torch.ones_like(flat, dtype=torch.bool)
     change[1:] = flat[1:] != flat[:-1]
     starts = change.nonzero().squeeze(1)  # each run of equal keys
-    lengths = torch.diff(starts, append=torch.tensor([len(flat)]))
+    weights = weight.repeat(rows)
+    upto = torch.cumsum(weights, 0)
+    ahead = upto - weights  # weight before each entry, over all rows
+    ends = torch.cat([starts[1:], torch.tensor([len(flat)])]) - 1
+    totals = upto[ends] - ahead[starts]  # each run's weight
     run_key = flat[starts]
     order = torch.sort(run_key, stable=True).indices
-    ordered = lengths[order]
+    ordered = totals[order]
     before = torch.cumsum(ordered, 0) - ordered
     new_key = torch.ones_like(order, dtype=torch.bool)
     new_key[1:] = run_key[order][1:] != run_key[order][:-1]
     key_start = torch.cummax(torch.where(new_key, torch.arange(len(order)), 0), 0).values
     earlier = torch.empty_like(before)
-    earlier[order] = before - before[key_start]  # entries of the same key in earlier runs
-    run = torch.cumsum(change.to(torch.int64), 0) - 1
-    return (torch.arange(len(flat)) - (starts - earlier)[run]).reshape(rows, n)
+    earlier[order] = before - before[key_start]  # weight of the same key in earlier runs
+    run = torch.cumsum(change, 0) - 1
+    return ((earlier - ahead[starts])[run] + ahead).reshape(rows, n)
+
+
+def _spans(values: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Lengths and values of the runs of equal values (a block size and the last, shorter block)."""
+    v, n = torch.unique_consecutive(values, return_counts=True)
+    return n.tolist(), v.tolist()
 
 
 def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
