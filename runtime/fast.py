@@ -43,6 +43,7 @@ REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 """Kernels that all-reduce statistics across lanes before they finish a block."""
 
 _BIG = 1 << 44
+_NEVER = 1 << 62  # later than any cycle
 _ARRIVAL_BITS, _PE_BITS = 40, 22  # the combined sort key of _order: PE, then arrival
 
 
@@ -86,6 +87,49 @@ def _run_sorted(p: torch.Tensor, a: torch.Tensor, c: torch.Tensor) -> torch.Tens
     key = a - (done - c) + seg * _BIG
     best = torch.cummax(key, 0).values - seg * _BIG
     return done + best
+
+
+def _queues(
+    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fifo`` for a sparse matmul's tasks: ``[pes, blocks]`` when each PE finishes its last task of each
+    block (0 where it has none), and each PE's busy cycles.
+
+    Task ``(q, n)`` (block ``q``, pair ``n`` on PE ``pe[n]``, pairs PE by PE) arrives at ``arr[q, n]`` and
+    takes ``cost[q, n]`` cycles; cost 0 is no task. Ties in arrival go block by block, then pair by pair.
+    One sort of ``(PE, arrival)`` keys over every ``(q, n)``: a missing task is given arrival 0, so it
+    sorts first on its PE and never holds the PE up.
+    """
+    blocks, pairs = arr.shape
+    busy = torch.zeros(pes, dtype=torch.int64).index_add_(0, pe, cost.sum(0))
+    real = cost > 0
+    top = int(arr.amax()) if arr.numel() else 0
+    span = max(top, 0) + (int(busy.max()) if pes else 0) + 1
+    if arr.numel() == 0 or int(arr.amin()) < 0 or top >= 1 << _ARRIVAL_BITS or pes * span >= 1 << 62:
+        return _queues_slow(pe, arr, cost, pes), busy
+    key = torch.where(real, arr, 0).add_((pe << _ARRIVAL_BITS)[None, :]).reshape(-1)
+    key, order = torch.sort(key, stable=True)
+    p = key >> _ARRIVAL_BITS
+    c = cost.reshape(-1)[order]
+    total = torch.cumsum(c, 0)
+    # A PE's tasks end at total + max over earlier ones of (arrival - total before it); each PE's
+    # segment is lifted by its own offset so that one cummax runs over all of them.
+    offset = ((torch.cumsum(busy, 0) - busy) + torch.arange(pes) * span)[p]
+    late = key.bitwise_and_((1 << _ARRIVAL_BITS) - 1).sub_(total).add_(c).add_(offset)
+    finish = torch.cummax(late, 0).values.add_(total).sub_(offset).masked_fill_(c == 0, 0)
+    index = p.mul_(blocks).add_(order // pairs)
+    best = torch.zeros(pes * blocks, dtype=torch.int64).scatter_reduce_(0, index, finish, "amax")
+    return best.reshape(pes, blocks), busy
+
+
+def _queues_slow(pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int) -> torch.Tensor:
+    """``_queues`` for arrivals too large for one sort key: the tasks through ``fifo``."""
+    blocks = arr.shape[0]
+    q, n = (cost > 0).nonzero(as_tuple=True)
+    finish = fifo(pe[n], arr[q, n], cost[q, n])
+    return torch.zeros(pes * blocks, dtype=torch.int64).scatter_reduce_(
+        0, pe[n] * blocks + q, finish, "amax"
+    ).reshape(pes, blocks)
 
 
 @dataclass
@@ -354,14 +398,8 @@ class _Clock:
         axpy = _per_block(lambda n: axpy_cycles(n, k.dtype, hw), sizes)
         has = count > 0
         work = has[None, :].expand(blocks, -1) if sent is None else sent & has[None, :]
-        q_w, n_w = work.nonzero(as_tuple=True)  # the tasks, in block-major order
-        pe_w, count_w, arr_w = pe[n_w], count[n_w], arr[q_w, n_w]
-        cost_w = count_w * axpy[q_w]
-        order = _order(pe_w, arr_w)
-        fin = _run_sorted(pe_w[order], arr_w[order], cost_w[order]) if len(order) else arr_w
-        best = torch.zeros(r.pes * blocks, dtype=torch.int64).scatter_reduce(
-            0, (pe_w * blocks + q_w)[order], fin, "amax", include_self=False
-        )
+        cost = torch.where(work, count[None, :] * axpy[:, None], 0)  # [blocks, pairs]; 0: no task
+        best, busy = _queues(pe, arr, cost, r.pes)
         barrier = torch.full((blocks, r.pes), t0, dtype=torch.int64).scatter_reduce(
             1, pe[None, :].expand_as(arr), arr, "amax"
         )  # a PE's block is done once every message of its columns has come
@@ -369,12 +407,12 @@ class _Clock:
         finish = torch.cummax(finish, dim=1).values
         south, north, ready = self._reduce(k, s, finish, wave_out, t0)
         flow = self._out_flow(k, ready, b, wave_out)
-        busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe_w, cost_w)
-        overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe_w, count_w) * hw.task_start_cycles
+        tasks = count * work.sum(0)  # AXPYs of each (PE, column) over the blocks
+        overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, tasks) * hw.task_start_cycles
         messages = blocks * len(col) if sent is None else int(sent.sum())
-        axpys = int(count_w.sum())
+        axpys = int(tasks.sum())
         latest = {value: int(ready.max())} if ready.numel() else {}
-        start = int(arr_w.min()) if len(arr_w) else int(ready.min())
+        start = int(arr.masked_fill(~work, _NEVER).amin()) if axpys else int(ready.min())
         kt = KernelTime(
             k.name,
             k.op,
