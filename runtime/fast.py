@@ -295,11 +295,10 @@ class _Clock:
         lane, _ = _lane_rank(flow.bounds, feats)
         q = self._source_blocks(flow, kernel, value, blocks, b)
         depart = flow.depart(self.t0 if self.streaming else 0)
-        head = depart[q][:, feats] + (self._hops(flow, x) * hop)[None, :]  # at (x, lane row)
+        head = depart[q][:, feats].add_((self._hops(flow, x) * hop)[None, :])  # at (x, lane row)
         rise = y - lane
         forks = rise != 0
         if bool(forks.any()):  # up or down the column: one message per column and direction at a time
-            head = head.clone()
             qs, q_at = torch.unique(q, return_inverse=True)
             bus = x[forks] * 2 + (rise[forks] > 0).to(torch.int64)
             key = feats[forks] * (2 * self.p.mesh.width + 2) + bus
@@ -308,13 +307,14 @@ class _Clock:
             first = torch.full((len(qs),), blocks, dtype=torch.int64).scatter_reduce(
                 0, q_at, torch.arange(blocks), "amin"
             )  # a consumer block that reads each source block
-            at_column = head[first][:, forks][:, pair]  # [source blocks, messages on a column]
+            fork_at = forks.nonzero().squeeze(1)
+            at_column = head[first[:, None], fork_at[pair][None, :]]  # [source blocks, messages on a column]
             cost = flow.wave[qs][:, None].expand_as(at_column)
             lanes_of = (keys % (2 * self.p.mesh.width + 2))[None, :].expand_as(at_column)
             done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
             start = done.reshape(cost.shape) - cost
-            head[:, forks] = start[q_at][:, k_at]
-        return head + (rise.abs() * hop)[None, :] + flow.wave[q][:, None]
+            head[:, fork_at] = start[q_at[:, None], k_at[None, :]]
+        return head.add_((rise.abs() * hop)[None, :]).add_(flow.wave[q][:, None])
 
     # -- kernels --------------------------------------------------------------------------------------
 
@@ -392,7 +392,7 @@ class _Clock:
         kind = k.attrs.get("kind")
         conv = kind in ("conv1d", "conv2d")  # im2col columns exist once the whole image has arrived
         feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
-        arr = self.arrivals(value, k, blocks, b, feats, x[pe], y[pe]).clamp(min=t0)
+        arr = self.arrivals(value, k, blocks, b, feats, x[pe], y[pe]).clamp_(min=t0)
         live = self.activity.get(k.name)
         sent = None if live is None or conv else _blocked(live, b)[:, col]  # None: every message sent
         axpy = _per_block(lambda n: axpy_cycles(n, k.dtype, hw), sizes)
