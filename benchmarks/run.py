@@ -1,0 +1,337 @@
+"""What the emulator costs to run, and what sparsity buys on the emulated mesh.
+
+Targets:
+
+* **fast executor**: ``sparsefx.run(program, inputs)`` of a GPT-2-small-shaped model (benchmarks/lower.py's
+  builder: 12 layers, d_model 768, vocab 50257, 1x128 token ids) at 90% static sparsity on a 64x64 mesh
+  takes at most 3x the dense PyTorch eager forward of the same model (the original ``nn.Module``, eval,
+  ``torch.inference_mode``); the same model lowered onto ``wse2`` (757x996) runs in at most 2x the 64x64
+  time (the cost grows with the work, not with idle PEs). Medians of per-round ratios, interleaved.
+* **reference executor**: an MLP 256-1024-256 at 90%, batch 4, on a 16x16 mesh, in at most 60 s.
+* **realized speedup**: at 90% the linear layers' emulated speedup over the dense baseline
+  (``stats.dense.linear_realized``) is at least 0.8x the ideal ``1 / (1 - s)``; the table goes over
+  sparsity 0.5 to 0.99 with the whole model's figure and, at the highest sparsity, where the cycles go.
+
+Lowering mode: streaming. A pipelined GPT-2 small needs 521 columns of 64 PEs (every kernel resident at
+once), so on 64x64 only the streaming lowering exists; wse2 uses the same mode, so that both meshes
+run the same kernels. ``--pipelined-wse2`` also times the pipelined wse2 program (no target).
+
+Sparsity: every linear layer, the 50257x768 lm_head included. The default filter keeps lm_head dense;
+it would then hold 82% of the program's weights at 90% (38.6M of 47.1M), its cycles would be the same
+in the sparse run and the baseline, and "the linear layers" of ``stats.dense`` (every sparse_matmul
+kernel) would mix it in. The dense forward is the same either way (lm_head is about a sixth of it).
+
+Lowering a 12-layer model takes minutes; ``--programs DIR`` keeps the lowered programs (one file per
+mesh, mode and sparsity) and loads them on the next run instead (delete them after changing the
+lowering). Setup (compile, lower, load) is not timed.
+
+    .venv/bin/python benchmarks/run.py [--rounds N] [--json PATH] [--plot PATH] [--programs DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import time
+from typing import Any
+
+import torch
+from _timing import (
+    add_json_arg,
+    console,
+    environment,
+    fmt_ci,
+    fmt_ratio,
+    fmt_seconds,
+    interleave,
+    paired_ratios,
+    print_table,
+    summarize,
+    verdict,
+    write_json,
+)
+
+import sparsefx
+from sparsefx.errors import EmulationError
+from sparsefx.models.gpt import GPT, GPTConfig
+
+MAX_RUN_OVER_DENSE, MAX_WSE2_OVER_64, MAX_REFERENCE_S, MIN_EFFICIENCY = 3.0, 2.0, 60.0, 0.8
+SPARSITIES = (0.5, 0.75, 0.9, 0.95, 0.99)
+TARGET_SPARSITY = 0.9
+LINEAR = ["*.attn.*.weight", "*.mlp.*.weight", "lm_head.weight"]  # every nn.Linear of the GPT
+MODE = "streaming"
+PLOT = "docs/images/realized_speedup.png"
+
+
+def gpt(layers: int, vocab: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """benchmarks/lower.py's model and input, seeded."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=layers, n_head=12, d_model=768, vocab_size=vocab, max_seq_len=1024)
+    return GPT(config).eval(), torch.randint(0, vocab, (1, 128))
+
+
+def program_for(
+    args: argparse.Namespace, sparsity: float, mesh: str, mode: str = MODE
+) -> sparsefx.DataflowProgram:
+    """The GPT lowered at ``sparsity`` onto ``mesh`` (balanced placement), from ``--programs`` if kept."""
+    name = f"gpt{args.layers}x768-v{args.vocab}-s{sparsity}-{mesh}-{mode}.sfxp"
+    if name in _LOWERED:
+        return _LOWERED[name]
+    path = os.path.join(args.programs, name) if args.programs else None
+    if path and os.path.exists(path):
+        _LOWERED[name] = sparsefx.load_program(path)
+        return _LOWERED[name]
+    model, ids = gpt(args.layers, args.vocab)
+    config = {"algorithm": "static", "sparsity": sparsity, "param_filter": LINEAR}
+    t0 = time.perf_counter()
+    sm = sparsefx.compile(model, config, (ids,))
+    program = sparsefx.lower(sm, (ids,), mesh=mesh, mode=mode, placement="balanced")
+    console.print(f"  lowered s={sparsity} onto {mesh} ({mode}) in {time.perf_counter() - t0:.0f} s")
+    if path:
+        os.makedirs(args.programs, exist_ok=True)
+        program.save(path)
+    _LOWERED[name] = program
+    return program
+
+
+_LOWERED: dict[str, sparsefx.DataflowProgram] = {}
+
+
+# -- 1. fast executor speed ------------------------------------------------------------------------
+
+
+def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
+    model, ids = gpt(args.layers, args.vocab)  # the original module: compile prunes its own copy
+    p64 = program_for(args, TARGET_SPARSITY, "64x64")
+    fns = {"dense eager": lambda: _dense(model, ids), "run 64x64": lambda: sparsefx.run(p64, (ids,))}
+    if not args.skip_wse2:
+        pw = program_for(args, TARGET_SPARSITY, "wse2")
+        fns["run wse2"] = lambda: sparsefx.run(pw, (ids,))
+    if args.pipelined_wse2:
+        pp = program_for(args, TARGET_SPARSITY, "wse2", "pipelined")
+        fns["run wse2 pipelined"] = lambda: sparsefx.run(pp, (ids,))
+    console.print(f"timing {', '.join(fns)}: {args.rounds} rounds after {args.warmup} warm-up")
+    samples = interleave(
+        fns,
+        args.rounds,
+        args.warmup,
+        before_each=gc.collect,
+        on_round=lambda i: console.print(f"  round {i + 1}/{args.rounds}") if i >= 0 else None,
+    )
+    ratios = paired_ratios(samples, "dense eager")
+    if "run wse2" in samples:
+        ratios["run wse2 / run 64x64"] = [w / r for w, r in zip(samples["run wse2"], samples["run 64x64"])]
+    summaries = {name: summarize(v) for name, v in samples.items()}
+    ratio_summaries = {name: summarize(v) for name, v in ratios.items()}
+    rows = [
+        [name, fmt_seconds(s.median), f"[{fmt_seconds(s.p25)}–{fmt_seconds(s.p75)}]",
+         fmt_ratio(ratio_summaries[name]) if name in ratio_summaries else "1"]
+        for name, s in summaries.items()
+    ]  # fmt: skip
+    print_table(
+        f"sparsefx.run against the dense eager forward (GPT-2 small, 90%, {MODE}, {args.rounds} rounds)",
+        ["", "median", "IQR", "÷ dense eager [IQR]"],
+        rows,
+    )
+    checks = [("run 64x64 ÷ dense eager", "run 64x64", MAX_RUN_OVER_DENSE)]
+    if "run wse2" in samples:
+        checks.append(("run wse2 ÷ run 64x64", "run wse2 / run 64x64", MAX_WSE2_OVER_64))
+    passed = []
+    for what, key, limit in checks:
+        ok = ratio_summaries[key].median <= limit
+        passed.append(ok)
+        console.print(f"{what}: {fmt_ci(ratio_summaries[key])}, target <= {limit:g}x: {verdict(ok)}")
+    out = {
+        "samples": samples,
+        "summaries": {k: v.as_dict() for k, v in summaries.items()},
+        "ratios": ratios,
+        "ratio_summaries": {k: v.as_dict() for k, v in ratio_summaries.items()},
+        "targets": {key: limit for _, key, limit in checks},
+        "passed": passed,
+    }
+    return out, passed
+
+
+def _dense(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    with torch.inference_mode():
+        model(ids)
+
+
+# -- 2. reference executor speed --------------------------------------------------------------------
+
+
+def reference_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+    x = torch.randn(4, 256)
+    sm = sparsefx.compile(mlp, 0.9, (x,))
+    program = sparsefx.lower(sm, (x,), mesh=(16, 16))
+    fast = sparsefx.run(program, (x,))
+    times = []
+    try:
+        for _ in range(args.reference_rounds):
+            t0 = time.perf_counter()
+            result = sparsefx.run(program, (x,), executor="reference")
+            times.append(time.perf_counter() - t0)
+    except EmulationError as e:
+        console.print(f"reference executor (MLP 256-1024-256, 16x16): not available ({e}): {verdict(False)}")
+        return {"available": False, "why": str(e)}, [False]
+    s = summarize(times)
+    ok = s.median <= MAX_REFERENCE_S
+    agree = torch.allclose(result.outputs, fast.outputs, rtol=1e-4, atol=1e-5)
+    console.print(
+        f"reference executor (MLP 256-1024-256 at 90%, batch 4, 16x16): {fmt_seconds(s.median)} "
+        f"(median of {s.n}), target <= {MAX_REFERENCE_S:.0f} s: {verdict(ok)}; cycles {result.stats.cycles} "
+        f"against the fast clock's {fast.stats.cycles}; outputs {'agree' if agree else 'DIFFER'}"
+    )
+    return {
+        "available": True,
+        "seconds": times,
+        "summary": s.as_dict(),
+        "cycles": result.stats.cycles,
+        "fast_cycles": fast.stats.cycles,
+        "outputs_agree": agree,
+        "passed": ok,
+    }, [ok]
+
+
+# -- 3. realized speedup ----------------------------------------------------------------------------
+
+
+def realized(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
+    model, ids = gpt(args.layers, args.vocab)
+    del model
+    rows = []
+    for s in args.sparsities:
+        stats = sparsefx.run(program_for(args, s, "64x64"), (ids,)).stats
+        d = stats.dense
+        if d is None:
+            raise SystemExit(f"no dense baseline at s={s}: {stats.dense_unavailable}")
+        rows.append(
+            {
+                "sparsity": s,
+                "program_sparsity": d.sparsity,
+                "ideal": d.ideal,
+                "linear_realized": d.linear_realized,
+                "linear_efficiency": d.linear_realized / d.ideal,
+                "realized": d.realized,
+                "efficiency": d.efficiency,
+                "cycles": d.sparse_cycles,
+                "dense_cycles": d.dense_cycles,
+                "linear_cycles": d.linear_sparse_cycles,
+                "linear_dense_cycles": d.linear_dense_cycles,
+                "parts": d.parts,
+            }
+        )
+    print_table(
+        f"Emulated speedup over the dense baseline (GPT-2 small, 64x64, {MODE}, balanced)",
+        ["sparsity", "ideal 1/(1-s)", "linear layers", "efficiency", "whole model", "efficiency"],
+        [
+            [f"{r['sparsity']:g}", f"{r['ideal']:.2f}x", f"{r['linear_realized']:.2f}x",
+             f"{r['linear_efficiency']:.2f}", f"{r['realized']:.2f}x", f"{r['efficiency']:.2f}"]
+            for r in rows
+        ],
+    )  # fmt: skip
+    for r in rows:
+        if r["sparsity"] in (TARGET_SPARSITY, max(args.sparsities)):
+            _parts_table(r)
+    passed = []
+    at = [r for r in rows if math.isclose(r["sparsity"], TARGET_SPARSITY)]
+    if at:
+        r = at[0]
+        ok = r["linear_realized"] >= MIN_EFFICIENCY * r["ideal"]
+        passed.append(ok)
+        console.print(
+            f"linear layers at {TARGET_SPARSITY:g}: {r['linear_realized']:.2f}x against ideal "
+            f"{r['ideal']:.2f}x (efficiency {r['linear_efficiency']:.2f}), target >= {MIN_EFFICIENCY}: "
+            f"{verdict(ok)}"
+        )
+    if args.plot:
+        _plot(rows, args.plot)
+        console.print(f"plot: {args.plot}")
+    return {"rows": rows, "passed": passed}, passed
+
+
+def _parts_table(r: dict[str, Any]) -> None:
+    gap = sum(p["excess"] for p in r["parts"].values())
+    print_table(
+        f"Where the cycles go at s={r['sparsity']:g} (critical path; excess = sparse - (1-s) x dense)",
+        ["part", "sparse", "dense", "(1-s) x dense", "excess", "share of gap"],
+        [
+            [name, f"{p['sparse']:,}", f"{p['dense']:,}", f"{p['ideal']:,.0f}", f"{p['excess']:,.0f}",
+             f"{p['excess'] / gap:.0%}" if gap else "-"]
+            for name, p in r["parts"].items()
+        ],
+    )  # fmt: skip
+
+
+def _plot(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = [r["sparsity"] for r in rows]
+    x = [1 / (1 - v) for v in s]  # the axis runs in 1 / (1 - s), labelled with s
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot([min(x), max(x)], [min(x), max(x)], color="0.5", linestyle="--", label="ideal 1/(1-s)")
+    ax.plot(x, [r["linear_realized"] for r in rows], "o-", label="linear layers")
+    ax.plot(x, [r["realized"] for r in rows], "s-", label="whole model")
+    ax.axhline(1.0, color="0.3", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{v:g}" for v in s])
+    ax.minorticks_off()
+    ax.set_xlabel("sparsity s (axis in 1/(1-s))")
+    ax.set_ylabel("speedup over the dense baseline (emulated cycles)")
+    ax.set_title("GPT-2 small on a 64x64 mesh, streaming, balanced")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds of the interleaved runs (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    p.add_argument("--reference-rounds", type=int, default=1, help="reference executor runs (default 1)")
+    p.add_argument("--sparsities", type=float, nargs="+", default=list(SPARSITIES))
+    p.add_argument("--programs", metavar="DIR", help="keep lowered programs here and reuse them")
+    p.add_argument("--plot", metavar="PATH", default=PLOT, help=f"speedup plot (default {PLOT}; '': none)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--skip-speed", action="store_true", help="skip the fast executor timing")
+    p.add_argument("--skip-wse2", action="store_true", help="time the 64x64 program only")
+    p.add_argument("--pipelined-wse2", action="store_true", help="also time the pipelined wse2 program")
+    p.add_argument("--skip-reference", action="store_true", help="skip the reference executor")
+    p.add_argument("--skip-sweep", action="store_true", help="skip the realized-speedup table")
+    p.add_argument("--layers", type=int, default=12, help=argparse.SUPPRESS)
+    p.add_argument("--vocab", type=int, default=50257, help=argparse.SUPPRESS)
+    add_json_arg(p)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    env = environment()
+    console.print(f"torch {env['torch']}, {env['threads']} threads, load average {env['loadavg_at_start']}")
+    payload: dict[str, Any] = {"environment": env, "args": vars(args)}
+    passed: list[bool] = []
+    for key, skip, fn in (
+        ("reference", args.skip_reference, reference_speed),
+        ("fast", args.skip_speed, fast_speed),
+        ("realized", args.skip_sweep, realized),
+    ):
+        if skip:
+            continue
+        payload[key], ok = fn(args)
+        passed += ok
+    if args.json:
+        write_json(args.json, payload)
+    return 0 if passed and all(passed) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
