@@ -44,6 +44,7 @@ REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 
 _BIG = 1 << 44
 _NEVER = 1 << 62  # later than any cycle
+_CHUNK = 1 << 21  # entries of one scratch tensor of partial-sum times
 _ARRIVAL_BITS, _PE_BITS = 40, 22  # the combined sort key of _order: PE, then arrival
 
 
@@ -480,15 +481,13 @@ class _Clock:
             run_seg = seg_m[starts]
             earlier = _cumcount(group_seg[:, run_seg], torch.diff(starts, append=torch.tensor([len(seg_m)])))
             bus_run, done_run = bus_start.T[:, x_m[starts]], done_seg[:, run_seg]
-            q0 = 0
-            for n, w in zip(*_spans(wave_out)):  # blocks whose messages have the same wavelets
-                q1 = q0 + n
+            step = max(1, _CHUNK // len(seg_m))  # blocks at a time: bounded scratch memory
+            for q0, q1, w in _chunks(wave_out, step):  # blocks whose messages have the same wavelets
                 at = bus_run[q0:q1][:, run_of].add_(((rank[moving] + 1) * w + lead)[None, :])
                 queued = (done_run[q0:q1] + earlier[q0:q1] * w)[:, run_of]
                 queued.add_(((within + 1) * w + lead)[None, :])
                 torch.maximum(at, queued, out=at)
                 ready[q0:q1].scatter_reduce_(1, o_m[None, :].expand_as(at), at, "amax")
-                q0 = q1
         # an output is ready once every column holding a part of it has sent it on
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
             ready = ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
@@ -651,10 +650,15 @@ def _cumcount(key: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return ((earlier - ahead[starts])[run] + ahead).reshape(rows, n)
 
 
-def _spans(values: torch.Tensor) -> tuple[list[int], list[int]]:
-    """Lengths and values of the runs of equal values (a block size and the last, shorter block)."""
-    v, n = torch.unique_consecutive(values, return_counts=True)
-    return n.tolist(), v.tolist()
+def _chunks(wave: torch.Tensor, step: int) -> list[tuple[int, int, int]]:
+    """``(first, end, wavelets)`` of runs of at most ``step`` consecutive blocks whose messages have
+    the same wavelets (all blocks but a shorter last one, usually)."""
+    values, counts = torch.unique_consecutive(wave, return_counts=True)
+    out, q0 = [], 0
+    for n, w in zip(counts.tolist(), values.tolist()):
+        out += [(q, min(q + step, q0 + n), w) for q in range(q0, q0 + n, step)]
+        q0 += n
+    return out
 
 
 def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
