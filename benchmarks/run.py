@@ -73,10 +73,11 @@ def gpt(layers: int, vocab: int) -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def program_for(
-    args: argparse.Namespace, sparsity: float, mesh: str, mode: str = MODE
+    args: argparse.Namespace, sparsity: float, mesh: str, mode: str = MODE, placement: str = "balanced"
 ) -> sparsefx.DataflowProgram:
-    """The GPT lowered at ``sparsity`` onto ``mesh`` (balanced placement), from ``--programs`` if kept."""
-    name = f"gpt{args.layers}x768-v{args.vocab}-s{sparsity}-{mesh}-{mode}.sfxp"
+    """The GPT lowered at ``sparsity`` onto ``mesh``, from ``--programs`` if kept there."""
+    suffix = "" if placement == "balanced" else f"-{placement}"
+    name = f"gpt{args.layers}x768-v{args.vocab}-s{sparsity}-{mesh}-{mode}{suffix}.sfxp"
     if name in _LOWERED:
         return _LOWERED[name]
     path = os.path.join(args.programs, name) if args.programs else None
@@ -87,8 +88,10 @@ def program_for(
     config = {"algorithm": "static", "sparsity": sparsity, "param_filter": LINEAR}
     t0 = time.perf_counter()
     sm = sparsefx.compile(model, config, (ids,))
-    program = sparsefx.lower(sm, (ids,), mesh=mesh, mode=mode, placement="balanced")
-    console.print(f"  lowered s={sparsity} onto {mesh} ({mode}) in {time.perf_counter() - t0:.0f} s")
+    program = sparsefx.lower(sm, (ids,), mesh=mesh, mode=mode, placement=placement)
+    console.print(
+        f"  lowered s={sparsity} onto {mesh} ({mode}, {placement}) in {time.perf_counter() - t0:.0f} s"
+    )
     if path:
         os.makedirs(args.programs, exist_ok=True)
         program.save(path)
@@ -203,38 +206,23 @@ def reference_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool
 def realized(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     model, ids = gpt(args.layers, args.vocab)
     del model
-    rows = []
-    for s in args.sparsities:
-        stats = sparsefx.run(program_for(args, s, "64x64"), (ids,)).stats
-        d = stats.dense
-        if d is None:
-            raise SystemExit(f"no dense baseline at s={s}: {stats.dense_unavailable}")
-        rows.append(
-            {
-                "sparsity": s,
-                "program_sparsity": d.sparsity,
-                "ideal": d.ideal,
-                "linear_realized": d.linear_realized,
-                "linear_efficiency": d.linear_realized / d.ideal,
-                "realized": d.realized,
-                "efficiency": d.efficiency,
-                "cycles": d.sparse_cycles,
-                "dense_cycles": d.dense_cycles,
-                "linear_cycles": d.linear_sparse_cycles,
-                "linear_dense_cycles": d.linear_dense_cycles,
-                "parts": d.parts,
-            }
+    rows = [_row(s, program_for(args, s, "64x64"), ids) for s in args.sparsities]
+    block = []  # the same model with placement="block", for comparison
+    if not args.skip_block:
+        block.append(
+            _row(TARGET_SPARSITY, program_for(args, TARGET_SPARSITY, "64x64", placement="block"), ids)
         )
     print_table(
-        f"Emulated speedup over the dense baseline (GPT-2 small, 64x64, {MODE}, balanced)",
+        f"Emulated speedup over the dense baseline (GPT-2 small, 64x64, {MODE}, balanced placement)",
         ["sparsity", "ideal 1/(1-s)", "linear layers", "efficiency", "whole model", "efficiency"],
         [
-            [f"{r['sparsity']:g}", f"{r['ideal']:.2f}x", f"{r['linear_realized']:.2f}x",
-             f"{r['linear_efficiency']:.2f}", f"{r['realized']:.2f}x", f"{r['efficiency']:.2f}"]
-            for r in rows
+            [f"{r['sparsity']:g}" + ("" if r["placement"] == "balanced" else f" ({r['placement']})"),
+             f"{r['ideal']:.2f}x", f"{r['linear_realized']:.2f}x", f"{r['linear_efficiency']:.2f}",
+             f"{r['realized']:.2f}x", f"{r['efficiency']:.2f}"]
+            for r in rows + block
         ],
     )  # fmt: skip
-    for r in rows:
+    for r in rows + block:
         if r["sparsity"] in (TARGET_SPARSITY, max(args.sparsities)):
             _parts_table(r)
     passed = []
@@ -251,13 +239,37 @@ def realized(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     if args.plot:
         _plot(rows, args.plot)
         console.print(f"plot: {args.plot}")
-    return {"rows": rows, "passed": passed}, passed
+    return {"rows": rows, "block": block, "passed": passed}, passed
+
+
+def _row(s: float, program: sparsefx.DataflowProgram, ids: torch.Tensor) -> dict[str, Any]:
+    """One line of the table: the run's comparison with its dense baseline."""
+    stats = sparsefx.run(program, (ids,)).stats
+    d = stats.dense
+    if d is None:
+        raise SystemExit(f"no dense baseline at s={s}: {stats.dense_unavailable}")
+    return {
+        "sparsity": s,
+        "placement": program.placement,
+        "program_sparsity": d.sparsity,
+        "ideal": d.ideal,
+        "linear_realized": d.linear_realized,
+        "linear_efficiency": d.linear_realized / d.ideal,
+        "realized": d.realized,
+        "efficiency": d.efficiency,
+        "cycles": d.sparse_cycles,
+        "dense_cycles": d.dense_cycles,
+        "linear_cycles": d.linear_sparse_cycles,
+        "linear_dense_cycles": d.linear_dense_cycles,
+        "parts": d.parts,
+    }
 
 
 def _parts_table(r: dict[str, Any]) -> None:
     gap = sum(p["excess"] for p in r["parts"].values())
     print_table(
-        f"Where the cycles go at s={r['sparsity']:g} (critical path; excess = sparse - (1-s) x dense)",
+        f"Where the cycles go at s={r['sparsity']:g}, {r['placement']} placement (critical path; "
+        "excess = sparse - (1-s) x dense)",
         ["part", "sparse", "dense", "(1-s) x dense", "excess", "share of gap"],
         [
             [name, f"{p['sparse']:,}", f"{p['dense']:,}", f"{p['ideal']:,.0f}", f"{p['excess']:,.0f}",
@@ -309,6 +321,7 @@ def main() -> int:
     p.add_argument("--pipelined-wse2", action="store_true", help="also time the pipelined wse2 program")
     p.add_argument("--skip-reference", action="store_true", help="skip the reference executor")
     p.add_argument("--skip-sweep", action="store_true", help="skip the realized-speedup table")
+    p.add_argument("--skip-block", action="store_true", help="skip the block-placement line at 90%%")
     p.add_argument("--layers", type=int, default=12, help=argparse.SUPPRESS)
     p.add_argument("--vocab", type=int, default=50257, help=argparse.SUPPRESS)
     add_json_arg(p)
