@@ -605,24 +605,31 @@ class _Clock:
 
 def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """``[pairs, blocks]``: over rows ``lo..hi`` of column ``x`` of ``grid`` ``[height, width, blocks]``,
-    the largest value, encoded ``value * height + row`` (a sparse table: no loop per pair)."""
+    the largest value, encoded ``value * height + row``. Whole columns take one maximum; other ranges a
+    sparse table over the columns they lie in, as many levels as their longest needs (no loop per pair).
+    """
     height = grid.shape[0]
-    rows = torch.arange(height)[:, None, None].expand_as(grid)
-    table = [grid * height + rows]
-    while (1 << len(table)) <= height:
-        step, prev = 1 << (len(table) - 1), table[-1]
-        nxt = prev.clone()
-        nxt[: height - step] = torch.maximum(prev[: height - step], prev[step:])
-        table.append(nxt)
-    length = (hi - lo + 1).clamp(min=1)
-    level = torch.floor(torch.log2(length.to(torch.float64))).to(torch.int64)
+    encoded = grid * height + torch.arange(height)[:, None, None]
     out = torch.empty((len(x), grid.shape[2]), dtype=torch.int64)
+    whole = (lo == 0) & (hi == height - 1)
+    if bool(whole.any()):
+        out[whole] = encoded.amax(dim=0)[x[whole]]
+    part = ~whole
+    if not bool(part.any()):
+        return out
+    columns, at = torch.unique(x[part], return_inverse=True)
+    lo, hi = lo[part], hi[part]
+    level = torch.floor(torch.log2((hi - lo + 1).clamp(min=1).to(torch.float64))).to(torch.int64)
+    table = [encoded[:, columns]]  # level j, row r: rows r .. r + 2^j - 1
+    while len(table) <= int(level.max()):
+        step, prev = 1 << (len(table) - 1), table[-1]
+        table.append(torch.maximum(prev[:-step], prev[step:]))
+    found = torch.empty((len(lo), grid.shape[2]), dtype=torch.int64)
     for j, t in enumerate(table):
         m = level == j
         if bool(m.any()):
-            a = t[lo[m], x[m]]
-            b = t[(hi[m] - (1 << j) + 1).clamp(min=0), x[m]]
-            out[m] = torch.maximum(a, b)
+            found[m] = torch.maximum(t[lo[m], at[m]], t[hi[m] - (1 << j) + 1, at[m]])
+    out[part] = found
     return out
 
 
