@@ -45,7 +45,7 @@ REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 _BIG = 1 << 44
 _NEVER = 1 << 62  # later than any cycle
 _CHUNK = 1 << 21  # entries of one scratch tensor of partial-sum times
-_ARRIVAL_BITS, _PE_BITS = 40, 22  # the combined sort key of _order: PE, then arrival
+_ARRIVAL_BITS, _PE_BITS = 40, 22  # the combined sort key of fifo: PE, then arrival
 
 
 def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
@@ -57,23 +57,23 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
     if pe.numel() == 0:
         return torch.zeros(0, dtype=torch.int64)
     pe, arrival, cost = pe.to(torch.int64), arrival.to(torch.int64), cost.to(torch.int64)
-    order = _order(pe, arrival)
     finish = torch.empty_like(arrival)
+    if _fits_key(pe, arrival):  # the sorted keys give back PE and arrival: no gather of either
+        key, order = torch.sort(pe * (1 << _ARRIVAL_BITS) + arrival, stable=True)
+        p = key >> _ARRIVAL_BITS
+        finish[order] = _run_sorted(p, key.bitwise_and_((1 << _ARRIVAL_BITS) - 1), cost[order])
+        return finish
+    order = torch.argsort(arrival, stable=True)
+    order = order[torch.argsort(pe[order], stable=True)]
     finish[order] = _run_sorted(pe[order], arrival[order], cost[order])
     return finish
 
 
-def _order(pe: torch.Tensor, arrival: torch.Tensor) -> torch.Tensor:
-    """Indices that sort tasks by PE, then by arrival, ties in the given order: one sort of a combined
-    key when PEs and arrivals fit in it, else two stable sorts."""
-    if pe.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64)
+def _fits_key(pe: torch.Tensor, arrival: torch.Tensor) -> bool:
+    """Whether PEs and arrivals fit one sort key, ``pe << _ARRIVAL_BITS | arrival``."""
     a_lo, a_hi = torch.aminmax(arrival)
     p_lo, p_hi = torch.aminmax(pe)
-    if int(a_lo) >= 0 and int(a_hi) < 1 << _ARRIVAL_BITS and int(p_lo) >= 0 and int(p_hi) < 1 << _PE_BITS:
-        return torch.sort(pe * (1 << _ARRIVAL_BITS) + arrival, stable=True).indices
-    order = torch.argsort(arrival, stable=True)
-    return order[torch.argsort(pe[order], stable=True)]
+    return int(a_lo) >= 0 and int(a_hi) < 1 << _ARRIVAL_BITS and int(p_lo) >= 0 and int(p_hi) < 1 << _PE_BITS
 
 
 def _run_sorted(p: torch.Tensor, a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
