@@ -10,7 +10,8 @@ Targets:
 * **reference executor**: an MLP 256-1024-256 at 90%, batch 4, on a 16x16 mesh, in at most 60 s.
 * **realized speedup**: at 90% the linear layers' emulated speedup over the dense baseline
   (``stats.dense.linear_realized``) is at least 0.8x the ideal ``1 / (1 - s)``; the table goes over
-  sparsity 0.5 to 0.99 with the whole model's figure and, at the highest sparsity, where the cycles go.
+  sparsity 0.5 to 0.99 with the whole model's figure (balanced placement, as ``sparsefx.lower``'s default),
+  plus the 90% model with ``placement="block"`` for comparison, and where the cycles go at 90% and 99%.
 
 Lowering mode: streaming. A pipelined GPT-2 small needs 521 columns of 64 PEs (every kernel resident at
 once), so on 64x64 only the streaming lowering exists; wse2 uses the same mode, so that both meshes
@@ -21,9 +22,10 @@ it would then hold 82% of the program's weights at 90% (38.6M of 47.1M), its cyc
 in the sparse run and the baseline, and "the linear layers" of ``stats.dense`` (every sparse_matmul
 kernel) would mix it in. The dense forward is the same either way (lm_head is about a sixth of it).
 
-Lowering a 12-layer model takes minutes; ``--programs DIR`` keeps the lowered programs (one file per
-mesh, mode and sparsity) and loads them on the next run instead (delete them after changing the
-lowering). Setup (compile, lower, load) is not timed.
+Lowering a 12-layer model takes 7 to 20 minutes here; ``--programs DIR`` keeps the lowered programs (one
+file per mesh, mode, sparsity and placement) and loads them on the next run instead (delete them after
+changing the lowering). Setup (compile, lower, load) is not timed. Threads: torch's default unless
+``--threads N``; on a shared two-core machine one thread can be several times faster for both sides.
 
     .venv/bin/python benchmarks/run.py [--rounds N] [--json PATH] [--plot PATH] [--programs DIR]
 """
