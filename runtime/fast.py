@@ -491,13 +491,17 @@ class _Clock:
             run_seg = seg_m[starts]
             earlier = _cumcount(group_seg[:, run_seg], torch.diff(starts, append=torch.tensor([len(seg_m)])))
             bus_run, done_run = bus_start.T[:, x_m[starts]], done_seg[:, run_seg]
+            rank_m, o_m = rank[moving] + 1, o_m[None, :]
             step = max(1, _CHUNK // len(seg_m))  # blocks at a time: bounded scratch memory
+            offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             for q0, q1, w in _chunks(wave_out, step):  # blocks whose messages have the same wavelets
-                at = bus_run[q0:q1][:, run_of].add_(((rank[moving] + 1) * w + lead)[None, :])
-                queued = (done_run[q0:q1] + earlier[q0:q1] * w)[:, run_of]
-                queued.add_(((within + 1) * w + lead)[None, :])
+                if w not in offsets:  # on the bus after the pairs before; at the row after its run
+                    offsets[w] = ((rank_m * w).add_(lead)[None, :], ((within + 1) * w).add_(lead)[None, :])
+                on_bus, at_row = offsets[w]
+                at = torch.index_select(bus_run[q0:q1], 1, run_of).add_(on_bus)
+                queued = torch.index_select(done_run[q0:q1] + earlier[q0:q1] * w, 1, run_of).add_(at_row)
                 torch.maximum(at, queued, out=at)
-                ready[q0:q1].scatter_reduce_(1, o_m[None, :].expand_as(at), at, "amax")
+                ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
         # an output is ready once every column holding a part of it has sent it on
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
             ready = ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
