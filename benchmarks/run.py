@@ -239,7 +239,7 @@ def realized(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
             f"{verdict(ok)}"
         )
     if args.plot:
-        _plot(rows, args.plot)
+        _plot(rows, block, args.plot)
         console.print(f"plot: {args.plot}")
     return {"rows": rows, "block": block, "passed": passed}, passed
 
@@ -281,7 +281,7 @@ def _parts_table(r: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def _plot(rows: list[dict[str, Any]], path: str) -> None:
+def _plot(rows: list[dict[str, Any]], block: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,6 +293,11 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
     ax.plot([min(x), max(x)], [min(x), max(x)], color="0.5", linestyle="--", label="ideal 1/(1-s)")
     ax.plot(x, [r["linear_realized"] for r in rows], "o-", label="linear layers")
     ax.plot(x, [r["realized"] for r in rows], "s-", label="whole model")
+    for r in block:  # the same model with placement="block"
+        ax.plot([1 / (1 - r["sparsity"])], [r["linear_realized"]], "o", color="C0", fillstyle="none", ms=9)
+        ax.plot([1 / (1 - r["sparsity"])], [r["realized"]], "s", color="C1", fillstyle="none", ms=9)
+    if block:
+        ax.plot([], [], "o", color="0.3", fillstyle="none", label="placement='block' (hollow)")
     ax.axhline(1.0, color="0.3", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -300,7 +305,7 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
     ax.minorticks_off()
     ax.set_xlabel("sparsity s (axis in 1/(1-s))")
     ax.set_ylabel("speedup over the dense baseline (emulated cycles)")
-    ax.set_title("GPT-2 small on a 64x64 mesh, streaming, balanced")
+    ax.set_title("GPT-2 small on a 64x64 mesh, streaming, balanced placement")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
