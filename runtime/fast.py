@@ -309,10 +309,11 @@ class _Clock:
         head = depart[q][:, feats].add_((self._hops(flow, x) * hop)[None, :])  # at (x, lane row)
         rise = y - lane
         forks = rise != 0
-        if bool(forks.any()):  # up or down the column: one message per column and direction at a time
+        if bool(forks.any()):  # up or down the column: one message at a time on the link out of its lane
             qs, q_at = torch.unique(q, return_inverse=True)
-            bus = x[forks] * 2 + (rise[forks] > 0).to(torch.int64)
-            key = feats[forks] * (2 * self.p.mesh.width + 2) + bus
+            links = (2 * self.p.mesh.width + 2) * (self.p.mesh.height + 1)
+            bus = (x[forks] * 2 + (rise[forks] > 0).to(torch.int64)) * (self.p.mesh.height + 1) + lane[forks]
+            key = feats[forks] * links + bus
             keys, k_at = torch.unique(key, return_inverse=True)
             pair = torch.zeros(len(keys), dtype=torch.int64).scatter_(0, k_at, torch.arange(len(k_at)))
             first = torch.full((len(qs),), blocks, dtype=torch.int64).scatter_reduce(
@@ -321,7 +322,7 @@ class _Clock:
             fork_at = forks.nonzero().squeeze(1)
             at_column = head[first[:, None], fork_at[pair][None, :]]  # [source blocks, messages on a column]
             cost = flow.wave[qs][:, None].expand_as(at_column)
-            lanes_of = (keys % (2 * self.p.mesh.width + 2))[None, :].expand_as(at_column)
+            lanes_of = (keys % links)[None, :].expand_as(at_column)
             done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
             start = done.reshape(cost.shape) - cost
             head[:, fork_at] = start[q_at[:, None], k_at[None, :]]

@@ -38,36 +38,29 @@ def reference(weight: torch.Tensor, mask: torch.Tensor, width: int, height: int,
     b = lane_bounds(inp, height).tolist()
     got: dict[str, list] = {role: [] for role in ROLES}
     got["nz_ptr"], got["col_ptr_off"] = [0], [0]
-    by_input = [(i, j) for j in range(inp) for i in range(out) if mask[i, j]]
-    rows = _runs(by_input, height)
+    by_output = [(i, j) for i in range(out) for j in range(inp) if mask[i, j]]
+    columns = [sorted(run, key=lambda ij: (ij[1], ij[0])) for run in _runs(by_output, width)]
+    cells = [_runs(column, height) for column in columns]  # cells[c][r]: PE (c, r), by input then output
     for r in range(height):
         if placement == "block":
             lo_in, hi_in = b[r], b[r + 1]
             nonzeros = [(i, j) for i in range(out) for j in range(lo_in, hi_in) if mask[i, j]]
             ranges = [(c * out // width, (c + 1) * out // width) for c in range(width)]
             chunks = [[(i, j) for i, j in nonzeros if lo <= i < hi] for lo, hi in ranges]
+            inputs = [(lo_in, hi_in)] * width
         else:
-            run = rows[r]
-            lo_in, hi_in = (run[0][1], run[-1][1] + 1) if run else (0, 0)
-            a = run[0][0] if run else 0  # outputs counted cyclically from the row's first nonzero's
-            ordered = sorted(run, key=lambda ij: ((ij[0] - a) % out, ij[1]))
-            chunks, ranges, prev = _runs(ordered, width), [], 0
-            for chunk in chunks:
-                if chunk:
-                    lo = chunk[0][0]
-                    prev = lo + (chunk[-1][0] - lo) % out + 1
-                else:
-                    lo = prev
-                ranges.append((lo, prev))
-        for (lo, hi), chunk in zip(ranges, chunks):
-            chunk = sorted(chunk, key=lambda ij: (ij[1], (ij[0] - lo) % out))
+            chunks = [cells[c][r] for c in range(width)]
+            ranges = [(min(i for i, _ in ch), max(i for i, _ in ch) + 1) if ch else (0, 0) for ch in chunks]
+            inputs = [(min(j for _, j in ch), max(j for _, j in ch) + 1) if ch else (0, 0) for ch in chunks]
+        for (lo, hi), (lo_in, hi_in), chunk in zip(ranges, inputs, chunks):
+            chunk = sorted(chunk, key=lambda ij: (ij[1], ij[0]))
             got["out_lo"].append(lo)
             got["out_hi"].append(hi)
             got["in_lo"].append(lo_in)
             got["in_hi"].append(hi_in)
             got["col_ptr"] += [sum(1 for _, j in chunk if j < col) for col in range(lo_in, hi_in + 1)]
             got["col_ptr_off"].append(got["col_ptr_off"][-1] + hi_in - lo_in + 1)
-            got["row_idx"] += [(i - lo) % out for i, _ in chunk]
+            got["row_idx"] += [i - lo for i, _ in chunk]
             got["values"] += [weight[i, j].item() for i, j in chunk]
             got["nz_ptr"].append(got["nz_ptr"][-1] + len(chunk))
     return got
@@ -166,24 +159,38 @@ def test_balanced_pes_hold_the_same_nnz_to_within_one() -> None:
 
 
 def test_balanced_neighbours_may_share_a_boundary_row_and_input() -> None:
-    weight = torch.arange(1.0, 7.0).view(1, 6)  # one output row, six nonzeros, three PEs
+    weight = torch.arange(1.0, 7.0).view(1, 6)  # one output row, six nonzeros, three columns
     a = check_all(weight, weight != 0, 3, 1, "balanced")
     assert a["out_lo"].tolist() == [0, 0, 0] and a["out_hi"].tolist() == [1, 1, 1]
-    assert pe_nnz(a["nz_ptr"]).tolist() == [2, 2, 2]
+    assert a["in_lo"].tolist() == [0, 2, 4] and pe_nnz(a["nz_ptr"]).tolist() == [2, 2, 2]
     column = torch.arange(1.0, 7.0).view(6, 1)  # one input, six nonzeros, three region rows
     a = check_all(column, column != 0, 1, 3, "balanced")
     assert a["in_lo"].tolist() == [0, 0, 0] and a["in_hi"].tolist() == [1, 1, 1]
     assert a["out_lo"].tolist() == [0, 2, 4] and pe_nnz(a["nz_ptr"]).tolist() == [2, 2, 2]
 
 
-def test_empty_pes_get_the_empty_range_at_their_left_neighbour() -> None:
+def test_empty_pes_get_empty_ranges_at_zero() -> None:
     weight = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     a = check_all(weight, weight != 0, 4, 1, "balanced")
-    # two nonzeros cut four ways (runs start at k * 2 // 4, so PEs 0 and 2 are empty), in the cyclic
-    # output order from the row's first nonzero (output 1): output 1 on PE 1, then output 0 on PE 3
-    assert a["out_lo"].tolist() == [0, 1, 2, 0] and a["out_hi"].tolist() == [0, 2, 2, 1]
+    # two nonzeros cut four ways (runs start at k * 2 // 4, so columns 0 and 2 are empty), by output
+    assert a["out_lo"].tolist() == [0, 0, 0, 1] and a["out_hi"].tolist() == [0, 1, 0, 2]
+    assert a["in_lo"].tolist() == [0, 1, 0, 0] and a["in_hi"].tolist() == [0, 2, 0, 1]
     a = check_all(weight, torch.zeros(4, 2, dtype=torch.bool), 3, 2, "balanced")
     assert a["out_lo"].tolist() == a["out_hi"].tolist() == [0] * 6
+
+
+def test_balanced_keeps_each_output_in_one_column_or_two() -> None:
+    """The columns cut the outputs, so an output's partial sums reduce down one column (two at a cut)."""
+    weight, mask = masked(200, 90, 0.15, seed=6)
+    mask[:30] = True  # skewed rows and inputs: the cuts still fall by count
+    mask[:, :4] = True
+    width, height = 8, 6
+    a = check_all(weight, mask, width, height, "balanced")
+    lo = a["out_lo"].view(height, width).to(torch.int64)
+    hi = a["out_hi"].view(height, width).to(torch.int64)
+    for o in range(200):
+        columns = {c for r in range(height) for c in range(width) if lo[r, c] <= o < hi[r, c]}
+        assert columns and max(columns) - min(columns) <= 1, (o, columns)
 
 
 def test_regions_wider_or_taller_than_the_weight() -> None:
