@@ -6,14 +6,14 @@ For the GPT-2-small linear layers (``[out, in]``: qkv 2304x768, proj 768x768, fc
 * ``64x64``;
 * ``wse2 streaming``: the region ``sparsefx.lower`` gives a matmul on a wse2 mesh (757x996) in
   streaming mode: 996 lanes (the mesh height; GPT-2's widest value is its 50257 logits), and
-  columns until a PE would hold fewer than ``MIN_NNZ_PER_PE`` nonzeros;
+  one column per output up to the mesh width;
 * ``wse2 pipelined``: the widths ``sparsefx.lower`` gave these layers of gpt2-small at 90% on wse2
   in pipelined mode (qkv 2, proj 1, fc 3, proj2 3 columns of 996 lanes; the lm_head takes 390).
 
-Imbalance is the most nonzeros on one PE over the mean per PE of the region. ``balanced`` evens out
-the PEs of each region row; it cannot even out the rows: a region taller than the layer's inputs
-has empty lanes (996 lanes for 768 inputs leave 228 rows with nothing, a floor of 996 / 768 =
-1.297), and one input per lane leaves each row with one input column's nonzero count.
+Imbalance is the most nonzeros on one PE over the mean per PE of the region. ``balanced`` holds
+the same count on every PE to within one. ``block`` cannot even out the rows: a region taller than
+the layer's inputs has empty lanes (996 lanes for 768 inputs leave 228 rows with nothing, a floor of
+996 / 768 = 1.297), and one input per lane leaves each row with one input column's nonzero count.
 
 Then ``place_sparse`` on the dense 50257x768 lm_head on a 757x768 region, and the lm_head at
 ``--sparsity`` on the whole wse2 mesh. Times are medians of ``--rounds`` interleaved rounds.
@@ -42,7 +42,6 @@ from _timing import (
     write_json,
 )
 
-from sparsefx.passes.lower.place import MIN_NNZ_PER_PE
 from sparsefx.passes.lower.place_sparse import place_sparse
 from sparsefx.runtime.csc import imbalance
 from sparsefx.runtime.mesh import PRESETS
@@ -76,7 +75,7 @@ def regions(name: str, nnz: int) -> dict[str, tuple[int, int]]:
     mesh = PRESETS["wse2"][0]
     out = LAYERS[name][0]
     lanes = mesh.height
-    streaming = max(1, min(mesh.width, out, nnz // (MIN_NNZ_PER_PE * lanes)))
+    streaming = max(1, min(mesh.width, out))
     return {
         "64x64": (64, 64),
         "wse2 streaming": (streaming, lanes),

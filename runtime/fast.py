@@ -309,20 +309,21 @@ class _Clock:
         head = depart[q][:, feats].add_((self._hops(flow, x) * hop)[None, :])  # at (x, lane row)
         rise = y - lane
         forks = rise != 0
-        if bool(forks.any()):  # up or down the column: one message at a time on the link out of its lane
+        if bool(forks.any()):  # up or down the column: queued on the busiest link the message crosses
             qs, q_at = torch.unique(q, return_inverse=True)
-            links = (2 * self.p.mesh.width + 2) * (self.p.mesh.height + 1)
-            bus = (x[forks] * 2 + (rise[forks] > 0).to(torch.int64)) * (self.p.mesh.height + 1) + lane[forks]
-            key = feats[forks] * links + bus
-            keys, k_at = torch.unique(key, return_inverse=True)
+            buses = 2 * self.p.mesh.width + 2
+            bus = x[forks] * 2 + (rise[forks] > 0).to(torch.int64)  # a column and a direction
+            keys, k_at = torch.unique(feats[forks] * buses + bus, return_inverse=True)  # one message each
             pair = torch.zeros(len(keys), dtype=torch.int64).scatter_(0, k_at, torch.arange(len(k_at)))
+            far = torch.zeros(len(keys), dtype=torch.int64).scatter_reduce(0, k_at, rise[forks].abs(), "amax")
+            queue = _busiest_link(keys % buses, lane[forks][pair], far, buses, self.p.mesh.height)
             first = torch.full((len(qs),), blocks, dtype=torch.int64).scatter_reduce(
                 0, q_at, torch.arange(blocks), "amin"
             )  # a consumer block that reads each source block
             fork_at = forks.nonzero().squeeze(1)
             at_column = head[first[:, None], fork_at[pair][None, :]]  # [source blocks, messages on a column]
             cost = flow.wave[qs][:, None].expand_as(at_column)
-            lanes_of = (keys % links)[None, :].expand_as(at_column)
+            lanes_of = queue[None, :].expand_as(at_column)
             done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
             start = done.reshape(cost.shape) - cost
             head[:, fork_at] = start[q_at[:, None], k_at[None, :]]
@@ -342,7 +343,7 @@ class _Clock:
         kt.load = load
         self.flows[k.name] = flow
         if self.streaming:  # the result stays on the region until a later step sends it (sent_from)
-            kt.end = int(flow.ready.max()) if flow.ready.numel() else kt.end
+            kt.end = int((flow.ready + flow.wave[:, None]).max()) if flow.ready.numel() else kt.end
             self.prev_start, self.prev_end = kt.start, kt.end
             if load is not None and load[1] >= max(kt.start, 1) and kt.waits_on != "previous":
                 kt.waits_on = "load"
@@ -492,12 +493,12 @@ class _Clock:
             run_seg = seg_m[starts]
             earlier = _cumcount(group_seg[:, run_seg], torch.diff(starts, append=torch.tensor([len(seg_m)])))
             bus_run, done_run = bus_start.T[:, x_m[starts]], done_seg[:, run_seg]
-            rank_m, o_m = rank[moving] + 1, o_m[None, :]
+            rank_m, o_m = rank[moving], o_m[None, :]
             step = max(1, _CHUNK // len(seg_m))  # blocks at a time: bounded scratch memory
             offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             for q0, q1, w in _chunks(wave_out, step):  # blocks whose messages have the same wavelets
                 if w not in offsets:  # on the bus after the pairs before; at the row after its run
-                    offsets[w] = ((rank_m * w).add_(lead)[None, :], ((within + 1) * w).add_(lead)[None, :])
+                    offsets[w] = ((rank_m * w).add_(lead)[None, :], (within * w).add_(lead)[None, :])
                 on_bus, at_row = offsets[w]
                 at = torch.index_select(bus_run[q0:q1], 1, run_of).add_(on_bus)
                 queued = torch.index_select(done_run[q0:q1] + earlier[q0:q1] * w, 1, run_of).add_(at_row)
@@ -606,6 +607,22 @@ class _Clock:
             waits_on=self._waits(latest, t0),
         )
         return kt, flow
+
+
+def _busiest_link(
+    bus: torch.Tensor, lane: torch.Tensor, far: torch.Tensor, buses: int, height: int
+) -> torch.Tensor:
+    """For messages forking ``far`` rows from ``lane`` on ``bus`` (column * 2, + 1 going south), the
+    busiest link each crosses, as a queue id ``bus * height + row`` (the row the link leaves): the
+    messages crossing a link pass it one at a time, the busiest link's queue stands for the route's."""
+    south = bus % 2 == 1
+    lo = torch.where(south, lane, lane - far + 1)
+    hi = torch.where(south, lane + far - 1, lane)
+    load = torch.zeros((height + 1, buses), dtype=torch.int64)
+    load.index_put_((lo, bus), torch.ones_like(lo), accumulate=True)
+    load.index_put_((hi + 1, bus), -torch.ones_like(lo), accumulate=True)
+    grid = torch.cumsum(load, 0)[:height, :, None]
+    return bus * height + _range_max(grid, bus, lo, hi)[:, 0] % height
 
 
 def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from sparsefx.runtime.program import DataflowProgram
 from .blocks import plan_blocks
 from .builder import Pending
 from .place import max_width, min_width, regions, work
-from .split_streamed import split_to_fit
+from .split_streamed import plan_passes
 
 __all__ = ["dense_pending", "plan_dense"]
 
@@ -43,16 +43,15 @@ def dense_pending(p: Pending) -> Pending:
 def _width(p: Pending, lanes: int, sram: int, mesh: MeshSpec, mode: str) -> tuple[int, int]:
     """(columns, passes) of one dense kernel; one that fits nowhere needs more columns than the mesh."""
 
-    def need(q: Pending) -> int:
-        try:
-            return min_width(q, lanes, sram)
-        except LoweringError:
-            return mesh.width + 1
-
-    w = need(p)
-    if mode != "streaming" or p.sparse is None or w <= mesh.width:
+    try:
+        w = min_width(p, lanes, sram)
+    except LoweringError:
+        w = mesh.width + 1
+    if mode != "streaming" or p.sparse is None:
         return w, 1
-    pieces, needs = split_to_fit(p, mesh.width, need)
+    pieces, needs = plan_passes(p, mesh.width, lambda q, rows: min_width(q, lanes, sram, rows))
+    if len(pieces) == 1:
+        return w, 1
     return min(max(needs), mesh.width), len(pieces) - 1
 
 

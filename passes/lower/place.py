@@ -7,8 +7,8 @@ travel from kernel to kernel along mesh rows. Kernels differ in width:
   eastward. Each gets the columns its SRAM needs, and the columns left over are shared in
   proportion to work (multiply-accumulates; one per element for ops without a weight).
 - ``streaming``: one kernel at a time, each from column 0 over as much of the mesh as it can use:
-  a matmul takes columns until a PE would hold fewer than ``MIN_NNZ_PER_PE`` nonzeros (below that,
-  task overhead outweighs what another PE adds), capped by its outputs and the mesh width.
+  a matmul takes every column, capped by its outputs. A matmul whose data does not fit the mesh
+  runs in passes (``split_streamed.py``).
 
     >>> mesh = MeshSpec(8, 4)
     >>> [str(r) for r in regions([1, 1], [100.0, 300.0], mesh, 4, "pipelined")]
@@ -28,9 +28,8 @@ from sparsefx.runtime.program import Region
 
 from .builder import Pending
 
-__all__ = ["lanes_for", "work", "min_width", "max_width", "regions", "MIN_NNZ_PER_PE", "SRAM_MARGIN"]
+__all__ = ["lanes_for", "work", "min_width", "max_width", "regions", "SRAM_MARGIN"]
 
-MIN_NNZ_PER_PE = 32
 SRAM_MARGIN = 0.9  # size for 90% of SRAM: balanced slices and lane rounding add a little per PE
 
 
@@ -53,10 +52,11 @@ def _resident_bytes(p: Pending) -> int:
     return sum(t.numel() * t.element_size() for t in p.payload.values())
 
 
-def min_width(p: Pending, lanes: int, sram: int) -> int:
-    """Fewest columns whose PEs hold the kernel's data (an estimate the final check confirms)."""
+def min_width(p: Pending, lanes: int, sram: int, rows: int = ROWS_IN_FLIGHT) -> int:
+    """Fewest columns whose PEs hold the kernel's data with ``rows`` rows in flight (an estimate the
+    final check confirms)."""
     budget = sram * SRAM_MARGIN
-    rows_bytes = ROWS_IN_FLIGHT * itemsize(p.dtype)
+    rows_bytes = rows * itemsize(p.dtype)
     if p.sparse is not None:
         out, inp = p.sparse.weight.shape
         nnz = int(p.sparse.mask.sum())
@@ -65,7 +65,7 @@ def min_width(p: Pending, lanes: int, sram: int) -> int:
         per_lane_fixed = (band + 1) * 4 + band * rows_bytes
         for w in _widths(max(1, out)):
             per_pe = math.ceil(nnz / (w * lanes)) * (value + 4) + per_lane_fixed
-            per_pe += math.ceil(out / w) * ROWS_IN_FLIGHT * ACC_BYTES + math.ceil(out / lanes) * value
+            per_pe += math.ceil(out / w) * rows * ACC_BYTES + math.ceil(out / lanes) * value
             if per_pe <= budget:
                 return w
         raise LoweringError(
@@ -88,12 +88,13 @@ def _widths(limit: int) -> Iterator[int]:
 
 
 def max_width(p: Pending, lanes: int, mesh: MeshSpec) -> int:
-    """Most columns a kernel can use: a matmul's outputs; one column for cheap elementwise kernels."""
+    """Most columns a kernel can use: a matmul's outputs; one column for cheap elementwise kernels.
+
+    Every AXPY starts a task, so a PE with few nonzeros costs no more per nonzero than one with many:
+    a sparse matmul takes as many columns as it has outputs, and its partial sums share more columns'
+    buses."""
     if p.sparse is not None:
-        out = p.sparse.weight.shape[0]
-        nnz = int(p.sparse.mask.sum())
-        useful = max(1, nnz // (MIN_NNZ_PER_PE * lanes))
-        return max(1, min(mesh.width, out, useful))
+        return max(1, min(mesh.width, p.sparse.weight.shape[0]))
     if p.op == "matmul":
         return max(1, min(mesh.width, features_of(p.shape)))
     return 1

@@ -4,7 +4,14 @@ In ``streaming`` mode the weights stream in from off-mesh memory, so a layer nee
 at once. A sparse matmul whose data needs more columns than the mesh has is cut into ``parts`` equal
 ranges of its outputs; each part is its own kernel (``<name>.part<k>``, with ``attrs["out_offset"]``),
 run one after another over the whole mesh, and a ``cat`` layout kernel under the original name puts
-the outputs back together, so consumers read the same value::
+the outputs back together, so consumers read the same value.
+
+``plan_passes`` sizes the parts for blocks of ``PASS_ROWS`` rows in flight (all the rows when fewer),
+not the 2 rows that merely fit: every AXPY starts a task, so an AXPY over 128 fp32 rows spends 8 of its
+72 cycles starting (the default task start) and one over 4 rows 8 of 10. A part's accumulators hold
+its outputs times its rows in flight, so more rows take more parts; when that would pass
+``MAX_PASSES`` (the ``cat`` reads every part on its own color) it sizes for half the rows, and so on
+down to 2. Convolutions, whose blocks are whole images, are sized for 2 rows::
 
     >>> from sparsefx.passes.lower.builder import Pending, SparseWeight
     >>> w = torch.ones(6, 4); m = torch.ones(6, 4, dtype=torch.bool)
@@ -17,11 +24,21 @@ the outputs back together, so consumers read the same value::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
+
+from sparsefx.errors import LoweringError
+from sparsefx.runtime.cost import rows_of
+from sparsefx.runtime.memory import ROWS_IN_FLIGHT
 
 from .builder import Pending, SparseWeight
 
-__all__ = ["split", "split_to_fit", "out_dim"]
+__all__ = ["split", "split_to_fit", "plan_passes", "out_dim", "PASS_ROWS", "MAX_PASSES"]
+
+PASS_ROWS = 128
+"""Rows in flight the parts of a streamed matmul make room for."""
+MAX_PASSES = 16
+"""The most parts sized for more than 2 rows in flight."""
 
 
 def out_dim(p: Pending) -> int:
@@ -78,3 +95,31 @@ def split_to_fit(p: Pending, width: int, need: Callable[[Pending], int]) -> tupl
         if max(needs) <= width or parts >= p.sparse.weight.shape[0]:
             return pieces, needs
         parts *= 2
+
+
+def plan_passes(
+    p: Pending, width: int, need: Callable[[Pending, int], int]
+) -> tuple[list[Pending], list[int]]:
+    """``[p]`` and its width when it fits ``width`` columns with ``PASS_ROWS`` rows in flight, else its
+    parts (module docstring); ``need(q, rows)`` is the columns ``q`` needs with ``rows`` in flight."""
+    assert p.sparse is not None
+    rows = ROWS_IN_FLIGHT
+    if p.attrs.get("kind") in ("linear", "addmm", "matmul"):
+        rows = max(ROWS_IN_FLIGHT, min(max(rows_of(p.shape), 1), PASS_ROWS))
+    while True:
+        at = functools.partial(_need, need=need, rows=rows, width=width)
+        w = at(p)
+        if w <= width:
+            return [p], [w]
+        pieces, needs = split_to_fit(p, width, at)
+        if rows <= ROWS_IN_FLIGHT or (len(pieces) - 1 <= MAX_PASSES and max(needs) <= width):
+            return pieces, needs
+        rows = max(ROWS_IN_FLIGHT, rows // 2)
+
+
+def _need(q: Pending, need: Callable[[Pending, int], int], rows: int, width: int) -> int:
+    """``need(q, rows)``, or one column more than ``width`` when ``q`` cannot hold that many rows."""
+    try:
+        return need(q, rows)
+    except LoweringError:
+        return width + 1

@@ -30,7 +30,7 @@ from .flops import counted_flops
 from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
-from .split_streamed import split_to_fit
+from .split_streamed import plan_passes
 
 __all__ = [
     "LoweringState",
@@ -106,11 +106,13 @@ class SizeRegions:
         """Streaming: a matmul wider than the mesh runs in passes over slices of its outputs."""
         pending, widths = [], []
         for p, w in zip(state.pending, state.widths):
-            if p.sparse is None or w <= state.mesh.width:
+            if p.sparse is None:
                 pending.append(p)
                 widths.append(w)
                 continue
-            pieces, need = split_to_fit(p, state.mesh.width, lambda q: min_width(q, lanes, sram))
+            pieces, need = plan_passes(p, state.mesh.width, lambda q, rows: min_width(q, lanes, sram, rows))
+            if len(pieces) == 1:
+                need = [w]
             pending += pieces
             widths += need
         state.pending, state.widths = pending, widths
