@@ -3,11 +3,12 @@
 A sparse matmul's task is one AXPY per nonzero over the rows of a block, so long blocks spread the
 task start over more rows; short blocks keep the accumulators small and let the partial sums of one
 block travel while the next is computed. ``plan_blocks`` times each sparse matmul alone at every
-block size that fits its PEs' SRAM (``runtime.fast.time_alone``: the emulator's own cost rules) and
-keeps the fastest. Row-wise kernels after it take its block size, so blocks flow down a chain of
-kernels without waiting for whole values (any other kernel takes all its rows at once, or as many as
-fit). The sizes tried are the powers of two below the rows, and
-the rows themselves::
+block size that fits its PEs' SRAM (``runtime.fast.time_alone``: the emulator's own cost rules),
+longest first, and keeps the fastest; once two sizes in a row are slower than the best so far it
+stops (the short blocks are the slow ones to time, and past the best they only add task starts).
+Row-wise kernels after it take its block size, so blocks flow down a chain of kernels without waiting
+for whole values (any other kernel takes all its rows at once, or as many as fit). The sizes tried
+are the powers of two below the rows, and the rows themselves::
 
     >>> candidates(12)
     [12, 8, 4, 2, 1]
@@ -21,7 +22,10 @@ from sparsefx.runtime.layout import layout
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
-__all__ = ["candidates", "plan_blocks"]
+__all__ = ["candidates", "plan_blocks", "WORSE_IN_A_ROW"]
+
+WORSE_IN_A_ROW = 2
+"""Stop trying shorter blocks after this many in a row were slower than the best so far."""
 
 
 def candidates(rows: int) -> list[int]:
@@ -39,6 +43,7 @@ def _fits(program: DataflowProgram, k: Kernel) -> bool:
 
 def _best_sparse(program: DataflowProgram, k: Kernel) -> int | None:
     best: tuple[int, int] | None = None
+    worse = 0
     known = layout(program, k)  # the same at every block size: read and check the slices once
     for b in candidates(rows_of(k.shape)):
         k.attrs["rows_in_flight"] = b
@@ -46,7 +51,11 @@ def _best_sparse(program: DataflowProgram, k: Kernel) -> int | None:
             continue
         cycles = time_alone(program, k, known)
         if best is None or cycles < best[0]:
-            best = (cycles, b)
+            best, worse = (cycles, b), 0
+        else:
+            worse += 1
+            if worse == WORSE_IN_A_ROW:  # past the best: shorter blocks only add task starts
+                break
     k.attrs.pop("rows_in_flight", None)
     return None if best is None else best[1]
 
