@@ -15,10 +15,11 @@ import sparsefx
 from conftest import HF_VOCAB, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
 
-CYCLE_TOLERANCE = 0.15
-"""Largest relative gap between the executors' cycle counts on the programs below. Measured: MLP
-16x16 within 7% in every mode and placement (13.5% with half its inputs zeroed), CNN 32x32 within
-2.1% balanced and 10.5% block, the Hugging Face GPT-2 streaming within 10%. The target is 5%."""
+CYCLE_TOLERANCE = 0.10
+"""Largest relative gap between the executors' cycle counts on the programs below. Measured (fast over
+reference): MLP 16x16 0.971 to 1.010 in every mode and placement (0.934 with half its inputs zeroed),
+CNN 32x32 1.031 pipelined block and 0.933 streaming balanced, the Hugging Face GPT-2 streaming 0.952.
+The target is 5%; the CNN's convolutions (every PE reads the whole image) are the furthest."""
 
 CASES = [
     ("mlp", (16, 16), "pipelined", "block"),
