@@ -96,9 +96,16 @@ def check_verify(a: dict[str, torch.Tensor], out: int, inp: int, width: int, hei
     _check_csc(p, k)
 
 
-def check_all(weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, placement: str) -> dict:
+def check_all(
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    width: int,
+    height: int,
+    placement: str,
+    drift: int | None = None,
+) -> dict:
     out, inp = weight.shape
-    a = place_sparse(weight, mask, width, height, placement)
+    a = place_sparse(weight, mask, width, height, placement, drift)
     assert list(a) == list(ROLES)
     assert a["values"].dtype == weight.dtype
     got_w, got_m = assemble(a, inp, out, width, height)
@@ -191,6 +198,26 @@ def test_balanced_keeps_each_output_in_one_column_or_two() -> None:
     for o in range(200):
         columns = {c for r in range(height) for c in range(width) if lo[r, c] <= o < hi[r, c]}
         assert columns and max(columns) - min(columns) <= 1, (o, columns)
+
+
+@pytest.mark.parametrize("drift", [0, 1, 4])
+def test_balanced_row_cuts_stay_within_drift_of_the_lanes(drift: int) -> None:
+    weight, mask = masked(120, 96, 0.15, seed=7)
+    mask[:, :6] = True  # dense first inputs: unlimited cuts would pull row 0's range far off its lane
+    width, height = 6, 8
+    free = check_all(weight, mask, width, height, "balanced")
+    a = check_all(weight, mask, width, height, "balanced", drift)
+    lanes = lane_bounds(96, height)
+    full = pe_nnz(a["nz_ptr"]) > 0
+    lo, hi = a["in_lo"].to(torch.int64), a["in_hi"].to(torch.int64)
+    row = torch.arange(width * height) // width
+    assert bool((lo[full] >= lanes[row][full] - drift).all())
+    assert bool((hi[full] <= lanes[row + 1][full] + drift).all())
+    assert int((free["in_lo"].to(torch.int64)[full] - lanes[row][full]).abs().max()) > drift  # it did bind
+    if drift == 0:  # each row holds exactly its lane's features, like block, with columns cut by count
+        block = place_sparse(weight, mask, width, height, "block")
+        per_row = pe_nnz(a["nz_ptr"]).view(height, width).sum(1)
+        assert torch.equal(per_row, pe_nnz(block["nz_ptr"]).view(height, width).sum(1))
 
 
 def test_regions_wider_or_taller_than_the_weight() -> None:

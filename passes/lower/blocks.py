@@ -16,13 +16,15 @@ are the powers of two below the rows, and the rows themselves::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sparsefx.runtime.cost import row_streaming, rows_of
 from sparsefx.runtime.fast import time_alone
 from sparsefx.runtime.layout import layout
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
-__all__ = ["candidates", "plan_blocks", "WORSE_IN_A_ROW"]
+__all__ = ["candidates", "best_sparse", "plan_blocks", "WORSE_IN_A_ROW"]
 
 WORSE_IN_A_ROW = 2
 """Stop trying shorter blocks after this many in a row were slower than the best so far."""
@@ -41,7 +43,8 @@ def _fits(program: DataflowProgram, k: Kernel) -> bool:
     return k.region.pes == 0 or int(pe_bytes(program, k).max()) <= program.hardware.sram_bytes
 
 
-def _best_sparse(program: DataflowProgram, k: Kernel) -> int | None:
+def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
+    """``(cycles, rows in flight)`` of a sparse matmul's fastest block size alone, or None if none fits."""
     best: tuple[int, int] | None = None
     worse = 0
     known = layout(program, k)  # the same at every block size: read and check the slices once
@@ -57,15 +60,17 @@ def _best_sparse(program: DataflowProgram, k: Kernel) -> int | None:
             if worse == WORSE_IN_A_ROW:  # past the best: shorter blocks only add task starts
                 break
     k.attrs.pop("rows_in_flight", None)
-    return None if best is None else best[1]
+    return best
 
 
-def plan_blocks(program: DataflowProgram) -> None:
-    """Set ``attrs["rows_in_flight"]`` on every kernel that streams rows (module docstring)."""
+def plan_blocks(program: DataflowProgram, known: Mapping[str, int] | None = None) -> None:
+    """Set ``attrs["rows_in_flight"]`` on every kernel that streams rows (module docstring); ``known``
+    gives sparse matmuls whose block size was found already (``tune.py``)."""
     chosen: dict[str, int] = {}
     for k in program.kernels:
         if k.op == "sparse_matmul" and k.attrs.get("kind") in ("linear", "addmm", "matmul"):
-            b = _best_sparse(program, k)
+            found = (None, known[k.name]) if known and k.name in known else best_sparse(program, k)
+            b = None if found is None else found[1]
         else:
             aligned = [chosen[v] for v in k.inputs if v in chosen and row_streaming(program, k, v)]
             b = min(aligned) if aligned else max(rows_of(k.shape), 1)

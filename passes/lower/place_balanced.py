@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from sparsefx.runtime.program import lane_bounds
+
 __all__ = ["place_balanced"]
 
 _I16_SPAN = 2**15
@@ -40,21 +42,21 @@ def _run_of(pos: torch.Tensor, count: torch.Tensor, parts: int) -> torch.Tensor:
 
 
 def place_balanced(
-    weight: torch.Tensor, mask: torch.Tensor, width: int, height: int
+    weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, drift: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """The per-PE CSC arrays of the balanced placement (see the module docstring)."""
+    """The per-PE CSC arrays of the balanced placement (see the module docstring); ``drift`` holds each
+    row cut within that many input features of its lane's boundary."""
     out_features, in_features = weight.shape
     pes = width * height
     flat = mask.reshape(-1).nonzero().squeeze(1)  # by output, then input
     nnz = len(flat)
     column = _run_of(torch.arange(nnz), torch.tensor(nnz), width)
     # Within each column, by input then output: a stable sort keeps the output order of one input.
-    order = torch.sort(_small(column * in_features + flat % in_features, width * in_features), stable=True)
-    flat, column = flat[order.indices], column[order.indices]
+    key, order = torch.sort(column * in_features + flat % in_features, stable=True)
+    flat, column = flat[order], column[order]
     del order
-    per_column = torch.bincount(column, minlength=width)
-    column_start = torch.cumsum(per_column, 0) - per_column
-    row = _run_of(torch.arange(nnz) - column_start[column], per_column[column], height)
+    row = _rows(key, column, width, height, in_features, drift)
+    del key
     pe = row * width + column
     del row, column
     # PE order (row-major in the region); within a PE the nonzeros stay by input, then output.
@@ -85,6 +87,43 @@ def place_balanced(
         "row_idx": (i - out_lo[pe]).to(torch.int32 if wide else torch.int16),
         "values": weight.reshape(-1)[flat],
     }
+
+
+def _rows(
+    key: torch.Tensor, column: torch.Tensor, width: int, height: int, in_features: int, drift: int | None
+) -> torch.Tensor:
+    """The region row of each nonzero, given in (column, input) order with ``key = column * in + input``.
+
+    Each column's run is cut into ``height`` equal runs; with ``drift``, row by row, each cut evens out
+    what is left of the column but stays within ``drift`` input features of its lane's boundary.
+    """
+    nnz = len(key)
+    per_column = torch.bincount(column, minlength=width)
+    column_start = torch.cumsum(per_column, 0) - per_column
+    r = torch.arange(1, height)
+    if drift is None:
+        cut = column_start[:, None] + r[None, :] * per_column[:, None] // height  # [width, height - 1]
+    else:  # row by row over all columns at once: the next cut evens out what is left, near its lane
+        lane = lane_bounds(in_features, height)[1:-1]
+        base = torch.arange(width)[:, None] * in_features
+        lo = torch.searchsorted(key, (base + (lane - drift).clamp(min=0)[None, :]).reshape(-1))
+        hi = torch.searchsorted(key, (base + (lane + drift)[None, :]).reshape(-1))
+        lo, hi = lo.view(width, -1), hi.view(width, -1)
+        end = column_start + per_column
+        cut = torch.empty((width, height - 1), dtype=torch.int64)
+        prev = column_start
+        for k in range(height - 1):
+            want = prev + (end - prev) // (height - k)
+            prev = cut[:, k] = torch.maximum(torch.minimum(torch.maximum(want, lo[:, k]), hi[:, k]), prev)
+    # Row of a nonzero: the cuts of its column at or before it; column c's slots are shifted by c so
+    # that a cut at its end does not land on the next column's first nonzero.
+    bump = torch.zeros(nnz + width + 1, dtype=torch.int64)
+    slots = (cut + torch.arange(width)[:, None]).reshape(-1)
+    bump.index_add_(0, slots, torch.ones_like(slots))
+    total = torch.cumsum(bump, 0)
+    before = total[column_start + torch.arange(width)] - bump[column_start + torch.arange(width)]
+    at = torch.arange(nnz) + column
+    return total[at] - before[column]
 
 
 def _small(key: torch.Tensor, bound: int) -> torch.Tensor:

@@ -42,17 +42,24 @@ _ORDER = ("out_lo", "out_hi", "in_lo", "in_hi", "nz_ptr", "col_ptr_off", "col_pt
 
 
 def place_sparse(
-    weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, placement: str
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    width: int,
+    height: int,
+    placement: str,
+    drift: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """The arrays ``out_lo``, ``out_hi``, ``nz_ptr``, ``col_ptr_off``, ``col_ptr``, ``row_idx``, ``values``.
 
     ``weight`` is ``[out, in]``, ``mask`` a bool tensor of the same shape; the region is ``width``
     columns by ``height`` rows. ``row_idx`` is int16 when every PE's output span fits, else int32;
-    ``values`` keep the weight's dtype. No bias: the caller adds it. The module docstring has an example.
+    ``values`` keep the weight's dtype. No bias: the caller adds it. ``drift`` is the balanced
+    placement's limit on how far a row's inputs may move off its lane (``place_balanced``). The module
+    docstring has an example.
     """
     out_features, in_features = _check(weight, mask, width, height, placement)
     if placement == "balanced":
-        return place_balanced(weight.detach().cpu(), mask.detach().cpu(), width, height)
+        return place_balanced(weight.detach().cpu(), mask.detach().cpu(), width, height, drift)
     bounds = lane_bounds(in_features, height)
     mask_t = mask.detach().cpu().t().contiguous()  # [in, out]: a band is a run of rows
     weight_t = weight.detach().cpu().t().contiguous()

@@ -31,6 +31,7 @@ from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
 from .split_streamed import plan_passes
+from .tune import tune_balanced
 
 __all__ = [
     "LoweringState",
@@ -204,13 +205,15 @@ def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed
 
 @dataclass(frozen=True)
 class PlanBlocks:
-    """Each kernel's rows in flight, and the dense baseline's plan (``blocks.py``, ``dense_plan.py``)."""
+    """Each kernel's rows in flight (``blocks.py``; balanced: with its row cuts' limit, ``tune.py``), and
+    the dense baseline's plan (``dense_plan.py``)."""
 
     name: ClassVar[str] = "plan-blocks"
 
     def __call__(self, state: LoweringState) -> PassResult:
         assert state.program is not None
-        plan_blocks(state.program)
+        found = tune_balanced(state.program, state.pending) if state.placement == "balanced" else {}
+        plan_blocks(state.program, found)
         plan_dense(state.program, state.pending, state.meta["lanes"])
         return PassResult(state, True)  # type: ignore[arg-type]
 

@@ -1,0 +1,55 @@
+"""Tuning the balanced placement: each kernel keeps the row-cut limit its own clock finds fastest."""
+
+from __future__ import annotations
+
+import torch
+
+import sparsefx
+from sparsefx.passes.lower.place_sparse import place_sparse
+from sparsefx.passes.lower.tune import DRIFTS
+from sparsefx.runtime.fast import time_alone
+from sparsefx.runtime.layout import layout
+
+
+def _lowered(width: int, height: int) -> tuple[sparsefx.SparseModel, torch.Tensor, sparsefx.DataflowProgram]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(768, 768), torch.nn.Linear(768, 768))
+    x = torch.randn(128, 768)
+    sm = sparsefx.compile(model, 0.9, (x,))
+    return sm, x, sparsefx.lower(sm, (x,), mesh=(width, height), mode="streaming", placement="balanced")
+
+
+def _alone(program: sparsefx.DataflowProgram, name: str, arrays: dict | None = None) -> int:
+    k = program.kernel(name)
+    if arrays is not None:
+        for role, tensor in arrays.items():
+            k.arrays[role] = program.add_array(f"{k.name}.{role}", tensor)
+    return time_alone(program, k, layout(program, k))
+
+
+def test_each_kernel_keeps_the_fastest_limit_and_its_outputs() -> None:
+    sm, x, program = _lowered(64, 64)
+    sparse = [k for k in program.kernels if k.op == "sparse_matmul"]
+    assert any("drift" in k.attrs for k in sparse)  # on 64x64 the forks of an unlimited cut cost more
+    for k in sparse:
+        assert k.attrs.get("drift") in DRIFTS
+        chosen = _alone(program, k.name)
+        weight = sm.get_parameter(k.attrs["param"]).detach()
+        mask = sm.masks[k.attrs["param"]]
+        for drift in DRIFTS:  # each other limit, at the chosen block size, is no faster
+            arrays = place_sparse(weight, mask, k.region.width, k.region.height, "balanced", drift)
+            assert _alone(program, k.name, arrays) >= chosen or drift == k.attrs.get("drift"), (k.name, drift)
+    fresh = torch.randn_like(x)
+    again = sparsefx.lower(sm, (x,), mesh=(64, 64), mode="streaming", placement="balanced")
+    out = sparsefx.run(again, (fresh,)).outputs
+    assert torch.allclose(out, sm.eval()(fresh), rtol=1e-4, atol=1e-5)
+    assert str(sparsefx.parse_program(str(again))) == str(again)  # the limit survives the text form
+
+
+def test_block_placement_is_not_tuned() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    x = torch.randn(16, 64)
+    sm = sparsefx.compile(model, 0.9, (x,))
+    program = sparsefx.lower(sm, (x,), mesh=(8, 8), mode="streaming", placement="block")
+    assert all("drift" not in k.attrs for k in program.kernels)
