@@ -451,7 +451,7 @@ class _Clock:
         the PE is done with block ``q``."""
         hw, r = self.hw, k.region
         blocks, h = finish.shape[1], r.height
-        lanes = _lanes(k, features_of(k.shape))
+        lanes = _lanes(k, s.out_features)  # a convolution reduces its channels, not its features
         south, north, held_x, held_o, travel, y_lo, y_hi = self._column_load(k, s, lanes)
         vload = torch.maximum(south.amax(1), north.amax(1))
         # A column's bus carries one block's partial sums after another, in output order: block q's
@@ -460,21 +460,30 @@ class _Clock:
         per_block = vload[:, None] * wave_out[None, :]
         occupy = torch.cumsum(per_block, dim=1)  # [width, blocks]
         grid = finish.reshape(h, r.width, blocks)
-        first_done = grid.amin(dim=0)  # the bus starts with it
-        bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
         moving = travel > 0
-        users = torch.zeros(r.width, dtype=torch.int64).index_add_(0, held_x, moving.to(torch.int64))
-        before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
-        first = torch.cumsum(users, 0) - users
-        rank = (before - first[held_x]) * vload[held_x] // users[held_x].clamp(min=1)  # on the busiest link
-        east = r.x + r.width - 1
-        to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
         # An output's sum waits at the slowest row holding a part of it; sums waiting at one row
         # leave it one message time apart. Pairs with the same column and rows share that row:
         # find it once per such segment, [blocks, segments].
         segments, seg_of = torch.unique((held_x * h + y_lo) * h + y_hi, return_inverse=True)
         slowest = _range_max(grid, segments // (h * h), segments // h % h, segments % h).T
         done_seg, group_seg = slowest // h, slowest % h + (segments // (h * h) * h)[None, :]
+        # The bus starts with the first partial sum that can travel: the earliest segment of moving
+        # pairs to be done (a column with none starts with its first PE done).
+        first_done = grid.amin(dim=0)
+        users = _users(held_x, moving, r.width)
+        if bool(moving.any()):
+            seg_x = segments // (h * h)
+            go = torch.zeros(len(segments), dtype=torch.bool)
+            go[seg_of[moving]] = True
+            first_done = torch.full_like(first_done, _NEVER).index_reduce_(
+                0, seg_x[go], done_seg[:, go].T, "amin"
+            ).minimum(torch.where(users[:, None] > 0, _NEVER, first_done))
+        bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
+        before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
+        first = torch.cumsum(users, 0) - users
+        rank = (before - first[held_x]) * vload[held_x] // users[held_x].clamp(min=1)  # on the busiest link
+        east = r.x + r.width - 1
+        to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
         ready = torch.full((blocks, s.out_features), t0, dtype=torch.int64)
         still = ~moving
         if bool(still.any()):  # no partial sum travels: the sum leaves from where it is
@@ -607,6 +616,11 @@ class _Clock:
             waits_on=self._waits(latest, t0),
         )
         return kt, flow
+
+
+def _users(held_x: torch.Tensor, moving: torch.Tensor, width: int) -> torch.Tensor:
+    """How many (column, output) pairs of each column send partial sums over its bus."""
+    return torch.zeros(width, dtype=torch.int64).index_add_(0, held_x, moving.to(torch.int64))
 
 
 def _busiest_link(

@@ -15,19 +15,17 @@ import sparsefx
 from conftest import HF_VOCAB, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
 
-CYCLE_TOLERANCE = 0.10
+CYCLE_TOLERANCE = 0.05
 """Largest relative gap between the executors' cycle counts on the programs below. Measured (fast over
-reference): MLP 16x16 0.971 to 1.010 in every mode and placement (0.934 with half its inputs zeroed),
-CNN 32x32 1.031 pipelined block and 0.933 streaming balanced, the Hugging Face GPT-2 streaming 0.952.
-The target is 5%; the CNN's convolutions (every PE reads the whole image) are the furthest."""
+reference): MLP 16x16 1.001 to 1.017 in every mode and placement (1.042 with half its inputs zeroed),
+CNN 32x32 0.966 to 1.031, the Hugging Face GPT-2 0.955 and 0.960 streaming on 16x16, 1.030 and
+1.033 pipelined on 96x16 (balanced and block)."""
 
 CASES = [
-    ("mlp", (16, 16), "pipelined", "block"),
-    ("mlp", (16, 16), "pipelined", "balanced"),
-    ("mlp", (16, 16), "streaming", "block"),
-    ("mlp", (16, 16), "streaming", "balanced"),
-    ("cnn", (32, 32), "pipelined", "block"),
-    ("cnn", (32, 32), "streaming", "balanced"),
+    (name, mesh, mode, placement)
+    for name, mesh in (("mlp", (16, 16)), ("cnn", (32, 32)))
+    for mode in ("pipelined", "streaming")
+    for placement in ("block", "balanced")
 ]
 
 
@@ -64,13 +62,22 @@ def test_reference_matches_pytorch_and_the_fast_executor(built, name, mesh, mode
     assert ref.stats.dense is not None and ref.stats.dense.ideal > 1
 
 
-def test_reference_runs_hugging_face_gpt2_streaming():
+@pytest.mark.parametrize(
+    "mesh, mode, placement",
+    [
+        ((16, 16), "streaming", "balanced"),
+        ((16, 16), "streaming", "block"),
+        ((96, 16), "pipelined", "balanced"),
+        ((96, 16), "pipelined", "block"),
+    ],
+)
+def test_reference_runs_hugging_face_gpt2(mesh, mode, placement):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(tiny_gpt2_config()).eval()
     ids = torch.randint(0, HF_VOCAB, (1, 8))
     sm = sparsefx.compile(model, 0.9, (ids,))
-    program = sparsefx.lower(sm, (ids,), mesh=(16, 16), mode="streaming")
+    program = sparsefx.lower(sm, (ids,), mesh=mesh, mode=mode, placement=placement)
     fast, ref = _agree(program, (ids,))
     assert torch.allclose(ref.outputs.logits, sm.eval()(ids).logits, rtol=1e-4, atol=1e-5)
 

@@ -24,7 +24,7 @@ from sparsefx.runtime.layout import layout
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
-__all__ = ["candidates", "best_sparse", "plan_blocks", "WORSE_IN_A_ROW"]
+__all__ = ["candidates", "best_sparse", "fits", "plan_blocks", "WORSE_IN_A_ROW"]
 
 WORSE_IN_A_ROW = 2
 """Stop trying shorter blocks after this many in a row were slower than the best so far."""
@@ -39,7 +39,8 @@ def candidates(rows: int) -> list[int]:
     return sorted(set(sizes), reverse=True)
 
 
-def _fits(program: DataflowProgram, k: Kernel) -> bool:
+def fits(program: DataflowProgram, k: Kernel) -> bool:
+    """Whether the kernel's busiest PE holds its data at its rows in flight."""
     return k.region.pes == 0 or int(pe_bytes(program, k).max()) <= program.hardware.sram_bytes
 
 
@@ -50,7 +51,7 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
     known = layout(program, k)  # the same at every block size: read and check the slices once
     for b in candidates(rows_of(k.shape)):
         k.attrs["rows_in_flight"] = b
-        if not k.attrs.get("all_ones") and not _fits(program, k):
+        if not k.attrs.get("all_ones") and not fits(program, k):
             continue
         cycles = time_alone(program, k, known)
         if best is None or cycles < best[0]:
@@ -76,7 +77,7 @@ def plan_blocks(program: DataflowProgram, known: Mapping[str, int] | None = None
             b = min(aligned) if aligned else max(rows_of(k.shape), 1)
             while b is not None:
                 k.attrs["rows_in_flight"] = b
-                if k.attrs.get("all_ones") or _fits(program, k):
+                if k.attrs.get("all_ones") or fits(program, k):
                     break
                 b = b // 2 or None
         if b is None:

@@ -32,11 +32,18 @@ _ROWWISE = ("linear", "addmm", "matmul")
 
 
 def tune_balanced(program: DataflowProgram, pending: list[Pending]) -> dict[str, int]:
-    """Re-place each balanced sparse matmul at its fastest limit; returns the block size each was
-    timed at (``plan_blocks`` takes them as found)."""
+    """Re-place each balanced sparse matmul at its fastest limit; returns the block sizes found on the
+    way (``plan_blocks`` takes them and searches for the rest)."""
     found: dict[str, int] = {}
+    chosen: dict[tuple, int | None] = {}  # by shape, region and density: the layers of a stack repeat
     for k, p in zip(program.kernels, pending):
         if k.op != "sparse_matmul" or k.attrs.get("kind") not in _ROWWISE or p.sparse is None:
+            continue
+        key = _signature(k, p)
+        if key in chosen:
+            if chosen[key] is not None:
+                _place(program, k, p, chosen[key])
+                k.attrs["drift"] = chosen[key]
             continue
         best: tuple[int, int, int | None, dict] | None = None
         for drift in DRIFTS:
@@ -51,8 +58,16 @@ def tune_balanced(program: DataflowProgram, pending: list[Pending]) -> dict[str,
         _install(program, k, arrays)
         if drift is not None:
             k.attrs["drift"] = drift
+        chosen[key] = drift
         found[k.name] = rows
     return found
+
+
+def _signature(k: Kernel, p: Pending) -> tuple:
+    """What the choice depends on: the weight's shape, the region, and the density to 1%."""
+    assert p.sparse is not None
+    density = round(float(p.sparse.mask.float().mean()), 2)
+    return (k.attrs["in_features"], k.attrs["out_features"], k.region.width, k.region.height, density)
 
 
 def _arrays(program: DataflowProgram, k: Kernel) -> dict:
