@@ -475,9 +475,10 @@ class _Clock:
             seg_x = segments // (h * h)
             go = torch.zeros(len(segments), dtype=torch.bool)
             go[seg_of[moving]] = True
-            first_done = torch.full_like(first_done, _NEVER).index_reduce_(
-                0, seg_x[go], done_seg[:, go].T, "amin"
-            ).minimum(torch.where(users[:, None] > 0, _NEVER, first_done))
+            per_seg = done_seg[:, go].T  # [segments, blocks]
+            index = seg_x[go][:, None].expand_as(per_seg)
+            first_done = torch.full_like(first_done, _NEVER).scatter_reduce_(0, index, per_seg, "amin")
+            first_done = first_done.minimum(torch.where(users[:, None] > 0, _NEVER, grid.amin(dim=0)))
         bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
         before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
         first = torch.cumsum(users, 0) - users
