@@ -4,10 +4,11 @@ Each PE multiplies the input features of its range ``[in_lo, in_hi)`` by its own
 arriving feature, over that feature's column of its CSC slice) into its local output rows; the partial
 sums of each output are then added across PEs (the reduction routes), and the bias last (for
 ``addmm``: ``beta * bias + alpha * product``). ``runtime/csc.py`` describes the arrays. The work is
-vectorized over PEs and nonzeros: PEs go in groups of about ``CHUNK_ELEMENTS / rows`` nonzeros and
-local rows, so memory stays bounded whatever the weight; no dense weight is ever built. Convolutions
-are im2col (``F.unfold``), inputs ordered ``(channel, kh, kw)`` as ``weight.reshape(out, -1)`` is,
-then the same product, folded back. One PE holding ``W[0, 1] = 5`` and ``W[1, 2] = 7``::
+vectorized over PEs and nonzeros: the slices are merged once into one sparse row per output, its
+nonzeros PE by PE (each PE's AXPY terms in its own order, then the PEs' partial sums in turn: the same
+sum, reassociated), read in groups of PEs so that memory stays bounded; no dense weight is ever built.
+Convolutions are im2col (``F.unfold``), inputs ordered ``(channel, kh, kw)`` as ``weight.reshape(out,
+-1)`` is, then the same product, folded back. One PE holding ``W[0, 1] = 5`` and ``W[1, 2] = 7``::
 
     >>> arrays = {"out_lo": torch.tensor([0], dtype=torch.int32),
     ...           "out_hi": torch.tensor([2], dtype=torch.int32),
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -188,56 +190,66 @@ def _group_indices(s: Slices, p0: int, p1: int) -> tuple[torch.Tensor, torch.Ten
     return feature, accumulator, output
 
 
-def _accumulators(
-    s: Slices, p0: int, p1: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """PEs ``[p0, p1)`` as one CSR matrix ``[accumulators, in]`` and each accumulator's output.
-
-    Row ``a`` of the matrix is one PE's accumulator for one of its local rows: its nonzeros times their
-    input features, in input order, as the PE's AXPYs add into it while the features arrive.
-    Accumulators no nonzero reaches are left out (they stay 0); None when the PEs hold no nonzero.
-    """
-    feature, accumulator, output = _group_indices(s, p0, p1)
-    if len(feature) == 0:
-        return None
-    order = torch.argsort(accumulator, stable=True)  # CSC (input-major) -> by accumulator, inputs in order
-    counts = torch.unique_consecutive(accumulator[order], return_counts=True)[1]
-    crow = torch.zeros(len(counts) + 1, dtype=torch.int64, device=feature.device)
-    torch.cumsum(counts, 0, out=crow[1:])
-    values = s.values[int(s.nz_ptr[p0]) : int(s.nz_ptr[p1])].to(dtype)[order]
+def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Every PE's nonzeros as one CSR matrix ``[out, in]`` on ``device``: row ``o`` holds the nonzeros of
+    output ``o``, PE by PE and within a PE in input order, so a row's dot product adds each PE's AXPY
+    terms in the order its PE does and then the PEs' partial sums one after another (the reduction,
+    reassociated). Built once per slices' arrays and kept while they live (``_MERGED``)."""
+    key = (device, dtype, *(t._version for t in (s.values, s.row_idx, s.col_ptr, s.nz_ptr)))
+    kept = _MERGED.get(id(s.values))
+    if kept is not None and kept[0]() is s.values and kept[1] == key:
+        return kept[2]
+    features, outputs = [], []
+    for p0, p1 in _groups(s, 1):
+        feature, _, output = _group_indices(s, p0, p1)
+        features.append(feature)
+        outputs.append(output)
+    feature, output = torch.cat(features), torch.cat(outputs)
+    order = torch.argsort(output, stable=True)  # PE-major, input order within a PE: kept per output
+    index = torch.int32 if max(s.in_features, len(feature)) < 2**31 else torch.int64
+    crow = torch.zeros(s.out_features + 1, dtype=index)
+    torch.cumsum(torch.bincount(output, minlength=s.out_features), 0, out=crow[1:])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
         matrix = torch.sparse_csr_tensor(
-            crow, feature[order], values, size=(len(counts), s.in_features), check_invariants=False
-        )
-    return matrix, output[order][crow[:-1]]
+            crow,
+            feature[order].to(index),
+            s.values.to(dtype)[order],
+            size=(s.out_features, s.in_features),
+            check_invariants=False,
+        ).to(device)
+    if id(s.values) not in _MERGED:
+        weakref.finalize(s.values, _MERGED.pop, id(s.values), None)
+    _MERGED[id(s.values)] = (weakref.ref(s.values), key, matrix)
+    return matrix
+
+
+_MERGED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
+"""Each kernel's merged matrix, by the identity of its ``values`` array (dropped with the array)."""
 
 
 def product(s: Slices, x: torch.Tensor) -> torch.Tensor:
-    """``[rows, in] -> [rows, out]``: every PE's partial sums, then each output's summed across PEs.
+    """``[rows, in] -> [rows, out]``: each output's nonzeros times their inputs, summed PE by PE.
 
-    Rows go in chunks of at most 256, PEs in groups of about ``CHUNK_ELEMENTS`` nonzeros and partial
-    sums. Half-precision inputs are computed in float32 and the result cast back.
+    The PEs' nonzeros are merged into one CSR matrix once (``_merged``), then rows go in chunks of at
+    most 256. Half-precision inputs are computed in float32 and the result cast back.
     """
     if x.dim() != 2 or x.shape[1] != s.in_features:
         raise EmulationError(f"{s.where}: input of shape {list(x.shape)} is not [rows, {s.in_features}]")
     result_dtype = torch.promote_types(x.dtype, s.values.dtype)
     dtype = torch.float32 if result_dtype in (torch.float16, torch.bfloat16) else result_dtype
     rows = x.shape[0]
+    out = torch.empty(rows, s.out_features, dtype=dtype, device=x.device)
+    if len(s.values) == 0:
+        return out.zero_().to(result_dtype)
+    matrix = _merged(s, x.device, dtype)
     step = max(1, min(rows, _ROWS_PER_CHUNK))
-    chunks = [x[r : r + step].to(dtype).t().contiguous() for r in range(0, rows, step)]  # [in, b] each
-    out = torch.zeros(s.out_features, rows, dtype=dtype, device=x.device)
-    for p0, p1 in _groups(s, step):
-        group = _accumulators(s, p0, p1, dtype)
-        if group is None:
-            continue
-        matrix, output = group
-        for r, xt in zip(range(0, rows, step), chunks):
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-                partial = matrix @ xt  # each PE's accumulators, [local rows, b]
-            out[:, r : r + step].index_add_(0, output, partial)  # the reduction across PEs
-    return out.t().to(result_dtype).contiguous()
+    for r in range(0, rows, step):
+        xt = x[r : r + step].to(dtype).t().contiguous()  # [in, b]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+            out[r : r + step] = (matrix @ xt).t()
+    return out.to(result_dtype)
 
 
 Product = Callable[[Slices, torch.Tensor], torch.Tensor]
