@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from .cost import (
     wavelets,
 )
 from .layout import Layout, layout, weight_bytes
+from .memo import kept
 from .program import DataflowProgram, Kernel, lane_bounds
 
 __all__ = ["Flow", "KernelTime", "Timeline", "simulate", "fifo", "REDUCING_STATS"]
@@ -265,6 +267,7 @@ class _Clock:
     ) -> None:
         self.p = program
         self.layouts = layouts or {}
+        self.keep = layouts is None  # derive each kernel's structure once per program (runtime/memo.py)
         self.hw = program.hardware
         self.activity = activity or {}
         self.flows: dict[str, Flow] = {
@@ -275,6 +278,18 @@ class _Clock:
         self.loader_free = 0
         self.prev_start = 0
         self.t0 = 0
+
+    def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
+        """``build()`` once per kernel structure and ``key``: what depends on the program, not the inputs."""
+        if not self.keep:
+            return build()
+        owner = None
+        if k.op == "sparse_matmul" and not k.attrs.get("all_ones") and "values" in k.arrays:
+            owner = self.p.arrays[k.arrays["values"]]
+        r, a = k.region, k.attrs
+        shape = (k.op, k.shape, r.x, r.y, r.width, r.height, self.p.mesh.width, self.p.mesh.height)
+        attrs = tuple(a.get(n) for n in ("lanes", "in_features", "out_features", "kind", "all_ones"))
+        return kept(owner, shape + attrs + key, build)
 
     # -- arrivals -------------------------------------------------------------------------------------
 
@@ -300,34 +315,47 @@ class _Clock:
         feats: torch.Tensor,
         x: torch.Tensor,
         y: torch.Tensor,
+        key: tuple = (),
     ) -> torch.Tensor:
-        """``[blocks, n]``: when feature ``feats[n]`` of each block reaches the PE at ``(x, y)``."""
+        """``[blocks, n]``: when feature ``feats[n]`` of each block reaches the PE at ``(x, y)``. ``key``
+        names ``feats``, ``x`` and ``y`` among the kernel's structures (``_kept``)."""
         flow, hop = self.flows[value], self.hw.hop_cycles
-        lane, _ = _lane_rank(flow.bounds, feats)
+        rise, forks, fork_at, k_at, pair, queue = self._kept(  # pair: the fork that queues for a message
+            kernel, ("arrivals", flow.features, flow.lanes) + key, lambda: self._forks(flow, feats, x, y)
+        )
         q = self._source_blocks(flow, kernel, value, blocks, b)
         depart = flow.depart(self.t0 if self.streaming else 0)
         head = depart[q][:, feats].add_((self._hops(flow, x) * hop)[None, :])  # at (x, lane row)
-        rise = y - lane
-        forks = rise != 0
-        if bool(forks.any()):  # up or down the column: queued on the busiest link the message crosses
+        if forks:  # up or down the column: queued on the busiest link the message crosses
             qs, q_at = torch.unique(q, return_inverse=True)
-            buses = 2 * self.p.mesh.width + 2
-            bus = x[forks] * 2 + (rise[forks] > 0).to(torch.int64)  # a column and a direction
-            keys, k_at = torch.unique(feats[forks] * buses + bus, return_inverse=True)  # one message each
-            pair = torch.zeros(len(keys), dtype=torch.int64).scatter_(0, k_at, torch.arange(len(k_at)))
-            far = torch.zeros(len(keys), dtype=torch.int64).scatter_reduce(0, k_at, rise[forks].abs(), "amax")
-            queue = _busiest_link(keys % buses, lane[forks][pair], far, buses, self.p.mesh.height)
             first = torch.full((len(qs),), blocks, dtype=torch.int64).scatter_reduce(
                 0, q_at, torch.arange(blocks), "amin"
             )  # a consumer block that reads each source block
-            fork_at = forks.nonzero().squeeze(1)
-            at_column = head[first[:, None], fork_at[pair][None, :]]  # [source blocks, messages on a column]
+            at_column = head[first[:, None], pair[None, :]]  # [source blocks, messages on a column]
             cost = flow.wave[qs][:, None].expand_as(at_column)
             lanes_of = queue[None, :].expand_as(at_column)
             done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
             start = done.reshape(cost.shape) - cost
             head[:, fork_at] = start[q_at[:, None], k_at[None, :]]
         return head.add_((rise.abs() * hop)[None, :]).add_(flow.wave[q][:, None])
+
+    def _forks(self, flow: Flow, feats: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple:
+        """How messages reach their PEs, whatever their times: each PE's rows from the lane (``rise``);
+        whether any fork up or down a column, which do (``fork_at``), one entry per message on a
+        column and direction (``k_at``: each fork's message; a fork of each message), and the queue of
+        the busiest link each message crosses."""
+        lane, _ = _lane_rank(flow.bounds, feats)
+        rise = y - lane
+        at = (rise != 0).nonzero().squeeze(1)
+        if len(at) == 0:
+            return rise, False, at, at, at, at
+        buses = 2 * self.p.mesh.width + 2
+        bus = x[at] * 2 + (rise[at] > 0).to(torch.int64)  # a column and a direction
+        keys, k_at = torch.unique(feats[at] * buses + bus, return_inverse=True)  # one message each
+        pair = torch.zeros(len(keys), dtype=torch.int64).scatter_(0, k_at, torch.arange(len(k_at)))
+        far = torch.zeros(len(keys), dtype=torch.int64).scatter_reduce(0, k_at, rise[at].abs(), "amax")
+        queue = _busiest_link(keys % buses, lane[at][pair], far, buses, self.p.mesh.height)
+        return rise, True, at, k_at, at[pair], queue
 
     # -- kernels --------------------------------------------------------------------------------------
 
@@ -394,18 +422,15 @@ class _Clock:
 
     def _sparse(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
-        s = self.layouts.get(k.name) or layout(self.p, k)
+        s = self.layouts.get(k.name) or self._kept(k, ("layout",), lambda: layout(self.p, k))
         b, blocks, sizes, wave_out = self._blocks(k)
-        x, y = self._geometry(k)
-        widths = s.in_hi - s.in_lo
-        pe = torch.repeat_interleave(torch.arange(r.pes), widths)
-        col = s.in_lo[pe] + (torch.arange(len(pe)) - (torch.cumsum(widths, 0) - widths)[pe])
+        pe, col, x, y = self._kept(k, ("pairs",), lambda: self._pairs(k, s))
         count = s.counts  # nonzeros of each (PE, column)
         value = k.inputs[0]
         kind = k.attrs.get("kind")
         conv = kind in ("conv1d", "conv2d")  # im2col columns exist once the whole image has arrived
         feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
-        arr = self.arrivals(value, k, blocks, b, feats, x[pe], y[pe]).clamp_(min=t0)
+        arr = self.arrivals(value, k, blocks, b, feats, x, y, ("pairs", conv)).clamp_(min=t0)
         live = self.activity.get(k.name)
         sent = None if live is None or conv else _blocked(live, b)[:, col]  # None: every message sent
         axpy = _per_block(lambda n: axpy_cycles(n, k.dtype, hw), sizes)
@@ -443,6 +468,14 @@ class _Clock:
         )
         return kt, flow
 
+    def _pairs(self, k: Kernel, s: Layout) -> tuple[torch.Tensor, ...]:
+        """Each (PE, input column) pair of a sparse matmul: its PE, its column and the PE's place."""
+        widths = s.in_hi - s.in_lo
+        pe = torch.repeat_interleave(torch.arange(k.region.pes), widths)
+        col = s.in_lo[pe] + (torch.arange(len(pe)) - (torch.cumsum(widths, 0) - widths)[pe])
+        x, y = self._geometry(k)
+        return pe, col, x[pe], y[pe]
+
     def _reduce(
         self, k: Kernel, s: Layout, finish: torch.Tensor, wave_out: torch.Tensor, t0: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -452,7 +485,9 @@ class _Clock:
         hw, r = self.hw, k.region
         blocks, h = finish.shape[1], r.height
         lanes = _lanes(k, s.out_features)  # a convolution reduces its channels, not its features
-        south, north, held_x, held_o, travel, y_lo, y_hi = self._column_load(k, s, lanes)
+        south, north, held_x, held_o, travel, segments, seg_of = self._kept(
+            k, ("column_load", lanes), lambda: self._segments(k, s, lanes)
+        )
         vload = torch.maximum(south.amax(1), north.amax(1))
         # A column's bus carries one block's partial sums after another, in output order: block q's
         # start once the column is done with q and the bus with q - 1, and its busiest link passes
@@ -464,7 +499,6 @@ class _Clock:
         # An output's sum waits at the slowest row holding a part of it; sums waiting at one row
         # leave it one message time apart. Pairs with the same column and rows share that row:
         # find it once per such segment, [blocks, segments].
-        segments, seg_of = torch.unique((held_x * h + y_lo) * h + y_hi, return_inverse=True)
         slowest = _range_max(grid, segments // (h * h), segments // h % h, segments % h).T
         done_seg, group_seg = slowest // h, slowest % h + (segments // (h * h) * h)[None, :]
         # The bus starts with the first partial sum that can travel: the earliest segment of moving
@@ -518,6 +552,14 @@ class _Clock:
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
             ready = ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
         return south, north, ready
+
+    def _segments(self, k: Kernel, s: Layout, lanes: int) -> tuple[torch.Tensor, ...]:
+        """``_column_load``, with the rows of each pair as one segment id ``(column * h + first) * h +
+        last`` (the distinct ones, and each pair's)."""
+        south, north, held_x, held_o, travel, y_lo, y_hi = self._column_load(k, s, lanes)
+        h = k.region.height
+        segments, seg_of = torch.unique((held_x * h + y_lo) * h + y_hi, return_inverse=True)
+        return south, north, held_x, held_o, travel, segments, seg_of
 
     def _column_load(
         self, k: Kernel, s: Layout, lanes: int
@@ -587,7 +629,7 @@ class _Clock:
         for value in dict.fromkeys(k.inputs):
             flow = self.flows[value]
             fin = torch.clamp(feats * flow.features // max(f, 1), max=flow.features - 1)
-            a = self.arrivals(value, k, blocks, b, fin, px, py)
+            a = self.arrivals(value, k, blocks, b, fin, px, py, ("dense",))
             latest[value] = int(a.max())
             arr = torch.maximum(arr, a)
         ops = ops_per_element(self.p, k)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 
 from sparsefx.errors import EmulationError
 
+from .memo import kept
 from .program import lane_bounds
 
 __all__ = ["CHUNK_ELEMENTS", "Product", "Slices", "read_slices", "product", "sparse_matmul"]
@@ -194,11 +194,12 @@ def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor
     """Every PE's nonzeros as one CSR matrix ``[out, in]`` on ``device``: row ``o`` holds the nonzeros of
     output ``o``, PE by PE and within a PE in input order, so a row's dot product adds each PE's AXPY
     terms in the order its PE does and then the PEs' partial sums one after another (the reduction,
-    reassociated). Built once per slices' arrays and kept while they live (``_MERGED``)."""
-    key = (device, dtype, *(t._version for t in (s.values, s.row_idx, s.col_ptr, s.nz_ptr)))
-    kept = _MERGED.get(id(s.values))
-    if kept is not None and kept[0]() is s.values and kept[1] == key:
-        return kept[2]
+    reassociated). Built once per slices' arrays and kept while they live (``runtime/memo.py``)."""
+    versions = tuple(t._version for t in (s.row_idx, s.col_ptr, s.nz_ptr))
+    return kept(s.values, ("merged", device, dtype, versions), lambda: _merge(s, device, dtype))
+
+
+def _merge(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     features, outputs = [], []
     for p0, p1 in _groups(s, 1):
         feature, _, output = _group_indices(s, p0, p1)
@@ -218,14 +219,7 @@ def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor
             size=(s.out_features, s.in_features),
             check_invariants=False,
         ).to(device)
-    if id(s.values) not in _MERGED:
-        weakref.finalize(s.values, _MERGED.pop, id(s.values), None)
-    _MERGED[id(s.values)] = (weakref.ref(s.values), key, matrix)
     return matrix
-
-
-_MERGED: dict[int, tuple[weakref.ref, tuple, torch.Tensor]] = {}
-"""Each kernel's merged matrix, by the identity of its ``values`` array (dropped with the array)."""
 
 
 def product(s: Slices, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,58 @@
+"""Results derived from a program's arrays, computed once and kept while the arrays live.
+
+A program runs many times on new inputs, but much of what the executors derive from it does not
+depend on the inputs: a sparse matmul's merged matrix, its layout, which partial sums share which
+links. ``kept(owner, key, build)`` returns ``build()``'s result, computed on the first call for that
+``owner`` (a payload tensor, compared by identity) and ``key``, and dropped when the owner is freed.
+An owner changed in place (its version counter moves) is derived again. ``owner=None`` keeps results
+that depend on ``key`` alone (a geometry), the most recent ``GEOMETRIES`` of them::
+
+    >>> w = torch.ones(3)
+    >>> calls = []
+    >>> kept(w, "sum", lambda: calls.append(1) or float(w.sum()))
+    3.0
+    >>> kept(w, "sum", lambda: calls.append(1) or float(w.sum())), len(calls)
+    (3.0, 1)
+    >>> w.add_(1) is w and kept(w, "sum", lambda: calls.append(1) or float(w.sum())), len(calls)
+    (6.0, 2)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = ["kept", "GEOMETRIES"]
+
+T = TypeVar("T")
+
+GEOMETRIES = 1024
+"""How many owner-less results are kept (least recently used dropped first)."""
+
+_BY_OWNER: dict[int, tuple[weakref.ref, int, dict[Hashable, Any]]] = {}
+_BY_KEY: OrderedDict[Hashable, Any] = OrderedDict()
+
+
+def kept(owner: torch.Tensor | None, key: Hashable, build: Callable[[], T]) -> T:
+    """``build()``, computed once per ``owner`` (by identity and version) and ``key`` (module docstring)."""
+    if owner is None:
+        if key in _BY_KEY:
+            _BY_KEY.move_to_end(key)
+            return _BY_KEY[key]
+        value = _BY_KEY[key] = build()
+        while len(_BY_KEY) > GEOMETRIES:
+            _BY_KEY.popitem(last=False)
+        return value
+    entry = _BY_OWNER.get(id(owner))
+    if entry is None or entry[0]() is not owner or entry[1] != owner._version:
+        if entry is None or entry[0]() is not owner:
+            weakref.finalize(owner, _BY_OWNER.pop, id(owner), None)
+        entry = _BY_OWNER[id(owner)] = (weakref.ref(owner), owner._version, {})
+    results = entry[2]
+    if key not in results:
+        results[key] = build()
+    return results[key]
