@@ -267,7 +267,6 @@ class _Clock:
     ) -> None:
         self.p = program
         self.layouts = layouts or {}
-        self.keep = layouts is None  # derive each kernel's structure once per program (runtime/memo.py)
         self.hw = program.hardware
         self.activity = activity or {}
         self.flows: dict[str, Flow] = {
@@ -281,8 +280,6 @@ class _Clock:
 
     def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per kernel structure and ``key``: what depends on the program, not the inputs."""
-        if not self.keep:
-            return build()
         owner = None
         if k.op == "sparse_matmul" and not k.attrs.get("all_ones") and "values" in k.arrays:
             owner = self.p.arrays[k.arrays["values"]]
@@ -685,11 +682,16 @@ def _busiest_link(
 def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """``[pairs, blocks]``: over rows ``lo..hi`` of column ``x`` of ``grid`` ``[height, width, blocks]``,
     the largest value, encoded ``value * height + row``. Whole columns take one maximum; other ranges a
-    sparse table over the columns they lie in, as many levels as their longest needs (no loop per pair).
+    sparse table over the columns they lie in, built a level at a time up to what their longest needs,
+    each level answering its ranges before the next replaces it (no loop per pair); blocks go a few at
+    a time, so that a level holds at most about ``_CHUNK * 4`` entries.
     """
-    height = grid.shape[0]
+    height, width, blocks = grid.shape
+    step = max(1, _CHUNK * 4 // max(1, height * width))
+    if blocks > step:
+        return torch.cat([_range_max(grid[:, :, q : q + step], x, lo, hi) for q in range(0, blocks, step)], 1)
     encoded = grid * height + torch.arange(height)[:, None, None]
-    out = torch.empty((len(x), grid.shape[2]), dtype=torch.int64)
+    out = torch.empty((len(x), blocks), dtype=torch.int64)
     whole = (lo == 0) & (hi == height - 1)
     if bool(whole.any()):
         out[whole] = encoded.amax(dim=0)[x[whole]]
@@ -699,15 +701,14 @@ def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.
     columns, at = torch.unique(x[part], return_inverse=True)
     lo, hi = lo[part], hi[part]
     level = torch.floor(torch.log2((hi - lo + 1).clamp(min=1).to(torch.float64))).to(torch.int64)
-    table = [encoded[:, columns]]  # level j, row r: rows r .. r + 2^j - 1
-    while len(table) <= int(level.max()):
-        step, prev = 1 << (len(table) - 1), table[-1]
-        table.append(torch.maximum(prev[:-step], prev[step:]))
-    found = torch.empty((len(lo), grid.shape[2]), dtype=torch.int64)
-    for j, t in enumerate(table):
+    found = torch.empty((len(lo), blocks), dtype=torch.int64)
+    table = encoded[:, columns]  # level j, row r: the largest of rows r .. r + 2^j - 1
+    for j in range(int(level.max()) + 1):
+        if j:
+            table = torch.maximum(table[: -(1 << (j - 1))], table[1 << (j - 1) :])
         m = level == j
         if bool(m.any()):
-            found[m] = torch.maximum(t[lo[m], at[m]], t[hi[m] - (1 << j) + 1, at[m]])
+            found[m] = torch.maximum(table[lo[m], at[m]], table[hi[m] - (1 << j) + 1, at[m]])
     out[part] = found
     return out
 

@@ -5,7 +5,8 @@ depend on the inputs: a sparse matmul's merged matrix, its layout, which partial
 links. ``kept(owner, key, build)`` returns ``build()``'s result, computed on the first call for that
 ``owner`` (a payload tensor, compared by identity) and ``key``, and dropped when the owner is freed.
 An owner changed in place (its version counter moves) is derived again. ``owner=None`` keeps results
-that depend on ``key`` alone (a geometry), the most recent ``GEOMETRIES`` of them::
+that depend on ``key`` alone (a geometry), the most recently used ones, at most ``GEOMETRY_BYTES`` of
+tensors in all::
 
     >>> w = torch.ones(3)
     >>> calls = []
@@ -19,6 +20,7 @@ that depend on ``key`` alone (a geometry), the most recent ``GEOMETRIES`` of the
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -26,15 +28,16 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["kept", "GEOMETRIES"]
+__all__ = ["kept", "GEOMETRY_BYTES"]
 
 T = TypeVar("T")
 
-GEOMETRIES = 1024
-"""How many owner-less results are kept (least recently used dropped first)."""
+GEOMETRY_BYTES = 1 << 30
+"""How many bytes of tensors the owner-less results may hold (least recently used dropped first)."""
 
 _BY_OWNER: dict[int, tuple[weakref.ref, int, dict[Hashable, Any]]] = {}
-_BY_KEY: OrderedDict[Hashable, Any] = OrderedDict()
+_BY_KEY: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+_held = [0]  # bytes in _BY_KEY
 
 
 def kept(owner: torch.Tensor | None, key: Hashable, build: Callable[[], T]) -> T:
@@ -42,10 +45,14 @@ def kept(owner: torch.Tensor | None, key: Hashable, build: Callable[[], T]) -> T
     if owner is None:
         if key in _BY_KEY:
             _BY_KEY.move_to_end(key)
-            return _BY_KEY[key]
-        value = _BY_KEY[key] = build()
-        while len(_BY_KEY) > GEOMETRIES:
-            _BY_KEY.popitem(last=False)
+            return _BY_KEY[key][0]
+        value = build()
+        size = _nbytes(value)
+        if size <= GEOMETRY_BYTES:
+            _BY_KEY[key] = (value, size)
+            _held[0] += size
+            while _held[0] > GEOMETRY_BYTES:
+                _held[0] -= _BY_KEY.popitem(last=False)[1][1]
         return value
     entry = _BY_OWNER.get(id(owner))
     if entry is None or entry[0]() is not owner or entry[1] != owner._version:
@@ -56,3 +63,14 @@ def kept(owner: torch.Tensor | None, key: Hashable, build: Callable[[], T]) -> T
     if key not in results:
         results[key] = build()
     return results[key]
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the tensors in ``value`` (a tensor, or tuples, lists and dataclasses of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0

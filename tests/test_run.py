@@ -11,6 +11,7 @@ import torch
 import sparsefx
 from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
+from sparsefx.runtime import fast
 from sparsefx.runtime.fast import fifo
 
 MODES = ("pipelined", "streaming")
@@ -45,6 +46,22 @@ def test_fifo_runs_each_pes_tasks_in_arrival_order():
         cost = [rng.randint(0, 9) for _ in range(n)]
         got = fifo(torch.tensor(pe), torch.tensor(arrival), torch.tensor(cost)).tolist()
         assert got == _fifo_by_hand(pe, arrival, cost)
+
+
+@pytest.mark.parametrize(("height", "width", "blocks", "chunk"), [(7, 5, 3, None), (33, 9, 300, 64)])
+def test_range_max_is_the_largest_of_each_range(monkeypatch, height, width, blocks, chunk):
+    if chunk is not None:  # blocks a few at a time
+        monkeypatch.setattr(fast, "_CHUNK", chunk)
+    torch.manual_seed(0)
+    grid = torch.randint(0, 1000, (height, width, blocks))
+    x = torch.randint(0, width, (300,))
+    lo = torch.randint(0, height, (300,))
+    hi = torch.minimum(lo + torch.randint(0, height, (300,)), torch.tensor(height - 1))
+    lo[:20], hi[:20] = 0, height - 1  # whole columns
+    encoded = grid * height + torch.arange(height)[:, None, None]
+    ranges = zip(lo.tolist(), hi.tolist(), x.tolist())
+    want = torch.stack([encoded[a : b + 1, c].amax(0) for a, b, c in ranges])
+    assert torch.equal(fast._range_max(grid, x, lo, hi), want)
 
 
 @pytest.mark.parametrize("mode", MODES)
