@@ -107,32 +107,30 @@ def _queues(
     busy = torch.zeros(pes, dtype=torch.int64).index_add_(0, pe, cost.sum(0))
     top = int(arr.amax()) if arr.numel() else 0
     span = max(top, 0) + (int(busy.max()) if pes else 0) + 1
-    if arr.numel() == 0 or int(arr.amin()) < 0 or top >= 1 << _ARRIVAL_BITS or pes * span >= 1 << 62:
+    if arr.numel() == 0 or int(arr.amin()) < 0 or top >= 1 << _ARRIVAL_BITS or pes * span >= 1 << 61:
         return _queues_slow(pe, arr, cost, pes), busy
     best = torch.zeros(pes * blocks, dtype=torch.int64)
-    before = torch.cumsum(busy, 0) - busy  # cost of the PEs before each one
-    lift = before + torch.arange(pes) * span
+    # Each PE's keys start at its own base: the cost of the PEs before it plus ``span`` per PE, so every
+    # key of a PE sorts after those of the PE before it and one running total and one cummax serve all
+    # PEs. A task ends at its PE's running total + the largest (arrival - running total before it) of
+    # the PE's tasks up to it; the sums below carry the base, taken off per PE at the end.
+    base = torch.cumsum(busy, 0) - busy + torch.arange(pes) * span
     ends = torch.cumsum(torch.bincount(pe, minlength=pes), 0)  # each PE's pairs end there
     group = torch.div(ends - 1, max(1, _CHUNK // blocks), rounding_mode="floor")
     last = torch.cumsum(torch.unique_consecutive(group, return_counts=True)[1], 0) - 1
     bounds = [0] + ends[last].tolist()
+    slot = pe[None, :] * blocks + torch.arange(blocks)[:, None]  # [blocks, pairs]: each task's (PE, block)
     for n0, n1 in zip(bounds[:-1], bounds[1:]):  # whole PEs at a time, about _CHUNK tasks
         if n1 == n0:
             continue
-        c = cost[:, n0:n1].contiguous()
-        key = torch.where(c > 0, arr[:, n0:n1], 0).add_((pe[n0:n1] << _ARRIVAL_BITS)[None, :]).reshape(-1)
+        c = cost[:, n0:n1]
+        key = torch.where(c > 0, arr[:, n0:n1], 0).add_(base[pe[n0:n1]][None, :]).reshape(-1)
         key, order = torch.sort(key, stable=True)
-        p = key >> _ARRIVAL_BITS
         c = c.reshape(-1)[order]
         total = torch.cumsum(c, 0)
-        # A PE's tasks end at total + max over earlier ones of (arrival - total before it); each
-        # PE's segment is lifted by its own offset so that one cummax runs over all of them.
-        offset = lift[p] - before[pe[n0]]
-        late = key.bitwise_and_((1 << _ARRIVAL_BITS) - 1).sub_(total).add_(c).add_(offset)
-        finish = torch.cummax(late, 0).values.add_(total).sub_(offset).masked_fill_(c == 0, 0)
-        index = p.mul_(blocks).add_(order // (n1 - n0))
-        best.scatter_reduce_(0, index, finish, "amax")
-    return best.reshape(pes, blocks), busy
+        finish = torch.cummax(key.sub_(total).add_(c), 0).values.add_(total).masked_fill_(c == 0, 0)
+        best.scatter_reduce_(0, slot[:, n0:n1].reshape(-1)[order], finish, "amax")
+    return best.reshape(pes, blocks).sub_(base[:, None]).clamp_(min=0), busy
 
 
 def _queues_slow(pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int) -> torch.Tensor:
