@@ -124,6 +124,14 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     if args.pipelined_wse2:
         pp = program_for(args, TARGET_SPARSITY, "wse2", "pipelined")
         fns["run wse2 pipelined"] = lambda: sparsefx.run(pp, (ids,))
+    first = {}  # a program's first run merges its matrices and derives its structures (runtime/memo.py)
+    for name, fn in fns.items():
+        if name != "dense eager":
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            first[name] = time.perf_counter() - t0
+    console.print("first runs: " + ", ".join(f"{name} {fmt_seconds(t)}" for name, t in first.items()))
     console.print(f"timing {', '.join(fns)}: {args.rounds} rounds after {args.warmup} warm-up")
     samples = interleave(
         fns,
@@ -156,6 +164,7 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         passed.append(ok)
         console.print(f"{what}: {fmt_ci(ratio_summaries[key])}, target <= {limit:g}x: {verdict(ok)}")
     out = {
+        "first_run_s": first,
         "samples": samples,
         "summaries": {k: v.as_dict() for k, v in summaries.items()},
         "ratios": ratios,
