@@ -47,7 +47,7 @@ REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 _BIG = 1 << 44
 _NEVER = 1 << 62  # later than any cycle
 _CHUNK = 1 << 21  # entries of one scratch tensor of partial-sum times
-_ARRIVAL_BITS, _PE_BITS = 40, 22  # the combined sort key of fifo: PE, then arrival
+_ARRIVAL_BITS, _PE_BITS = 40, 22  # the largest arrival and PE id the sort keys take
 
 
 def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
@@ -60,22 +60,24 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
         return torch.zeros(0, dtype=torch.int64)
     pe, arrival, cost = pe.to(torch.int64), arrival.to(torch.int64), cost.to(torch.int64)
     finish = torch.empty_like(arrival)
-    if _fits_key(pe, arrival):  # the sorted keys give back PE and arrival: no gather of either
-        key, order = torch.sort(pe * (1 << _ARRIVAL_BITS) + arrival, stable=True)
-        p = key >> _ARRIVAL_BITS
-        finish[order] = _run_sorted(p, key.bitwise_and_((1 << _ARRIVAL_BITS) - 1), cost[order])
-        return finish
+    a_lo, a_hi = (int(v) for v in torch.aminmax(arrival))
+    p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
+    if a_lo >= 0 and p_lo >= 0 and p_hi < 1 << _PE_BITS:
+        # One sort of keys from each PE's own base (``_queues`` explains it); the base comes off at the end.
+        busy = torch.zeros(p_hi + 1, dtype=torch.int64).index_add_(0, pe, cost)
+        span = a_hi + int(busy.max()) + 1
+        if (p_hi + 1) * span < 1 << 61:
+            base = (torch.cumsum(busy, 0) - busy + torch.arange(p_hi + 1) * span)[pe]
+            key, order = torch.sort(base + arrival, stable=True)
+            c = cost[order]
+            total = torch.cumsum(c, 0)
+            done = torch.cummax(key.sub_(total).add_(c), 0).values.add_(total)
+            finish[order] = done.sub_(base[order])
+            return finish
     order = torch.argsort(arrival, stable=True)
     order = order[torch.argsort(pe[order], stable=True)]
     finish[order] = _run_sorted(pe[order], arrival[order], cost[order])
     return finish
-
-
-def _fits_key(pe: torch.Tensor, arrival: torch.Tensor) -> bool:
-    """Whether PEs and arrivals fit one sort key, ``pe << _ARRIVAL_BITS | arrival``."""
-    a_lo, a_hi = torch.aminmax(arrival)
-    p_lo, p_hi = torch.aminmax(pe)
-    return int(a_lo) >= 0 and int(a_hi) < 1 << _ARRIVAL_BITS and int(p_lo) >= 0 and int(p_hi) < 1 << _PE_BITS
 
 
 def _run_sorted(p: torch.Tensor, a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
