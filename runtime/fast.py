@@ -47,7 +47,7 @@ REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 _BIG = 1 << 44
 _NEVER = 1 << 62  # later than any cycle
 _CHUNK = 1 << 21  # entries of one scratch tensor of partial-sum times
-_ARRIVAL_BITS, _PE_BITS = 40, 22  # the largest arrival and PE id the sort keys take
+_PE_BITS = 22  # PE ids at or above 2**22 take two sorts
 
 
 def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
@@ -62,22 +62,31 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
     finish = torch.empty_like(arrival)
     a_lo, a_hi = (int(v) for v in torch.aminmax(arrival))
     p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
-    if a_lo >= 0 and p_lo >= 0 and p_hi < 1 << _PE_BITS:
-        # One sort of keys from each PE's own base (``_queues`` explains it); the base comes off at the end.
+    if p_lo >= 0 and p_hi < 1 << _PE_BITS:
+        # One sort of keys from each PE's own base (``_queues`` explains it), arrivals counted from the
+        # first; the base comes off at the end.
         busy = torch.zeros(p_hi + 1, dtype=torch.int64).index_add_(0, pe, cost)
-        span = a_hi + int(busy.max()) + 1
+        span = a_hi - a_lo + int(busy.max()) + 1
         if (p_hi + 1) * span < 1 << 61:
             base = (torch.cumsum(busy, 0) - busy + torch.arange(p_hi + 1) * span)[pe]
-            key, order = torch.sort(base + arrival, stable=True)
+            key, order = _sort(base + (arrival - a_lo), 2 * (p_hi + 1) * span)
             c = cost[order]
             total = torch.cumsum(c, 0)
             done = torch.cummax(key.sub_(total).add_(c), 0).values.add_(total)
-            finish[order] = done.sub_(base[order])
+            finish[order] = done.sub_(base[order]).add_(a_lo)
             return finish
     order = torch.argsort(arrival, stable=True)
     order = order[torch.argsort(pe[order], stable=True)]
     finish[order] = _run_sorted(pe[order], arrival[order], cost[order])
     return finish
+
+
+def _sort(key: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stable sort of keys in ``[0, top)``: as int32 where they fit, which sorts about twice as fast."""
+    if top <= 1 << 31:
+        k, order = torch.sort(key.to(torch.int32), stable=True)
+        return k.to(torch.int64), order
+    return torch.sort(key, stable=True)
 
 
 def _run_sorted(p: torch.Tensor, a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -107,9 +116,11 @@ def _queues(
     """
     blocks, pairs = arr.shape
     busy = torch.zeros(pes, dtype=torch.int64).index_add_(0, pe, cost.sum(0))
-    top = int(arr.amax()) if arr.numel() else 0
-    span = max(top, 0) + (int(busy.max()) if pes else 0) + 1
-    if arr.numel() == 0 or int(arr.amin()) < 0 or top >= 1 << _ARRIVAL_BITS or pes * span >= 1 << 61:
+    if arr.numel() == 0:
+        return torch.zeros((pes, blocks), dtype=torch.int64), busy
+    a_lo, a_hi = (int(v) for v in torch.aminmax(arr))
+    span = a_hi - a_lo + (int(busy.max()) if pes else 0) + 1  # arrivals counted from the first
+    if pes * span >= 1 << 61:
         return _queues_slow(pe, arr, cost, pes), busy
     best = torch.zeros(pes * blocks, dtype=torch.int64)
     # Each PE's keys start at its own base: the cost of the PEs before it plus ``span`` per PE, so every
@@ -126,13 +137,14 @@ def _queues(
         if n1 == n0:
             continue
         c = cost[:, n0:n1]
-        key = torch.where(c > 0, arr[:, n0:n1], 0).add_(base[pe[n0:n1]][None, :]).reshape(-1)
-        key, order = torch.sort(key, stable=True)
+        key = torch.where(c > 0, arr[:, n0:n1] - a_lo, 0).add_(base[pe[n0:n1]][None, :]).reshape(-1)
+        key, order = _sort(key, 2 * pes * span)
         c = c.reshape(-1)[order]
         total = torch.cumsum(c, 0)
         finish = torch.cummax(key.sub_(total).add_(c), 0).values.add_(total).masked_fill_(c == 0, 0)
         best.scatter_reduce_(0, slot[:, n0:n1].reshape(-1)[order], finish, "amax")
-    return best.reshape(pes, blocks).sub_(base[:, None]).clamp_(min=0), busy
+    best = best.reshape(pes, blocks).sub_(base[:, None])  # > 0 where a PE has tasks of a block
+    return torch.where(best > 0, best + a_lo, 0), busy
 
 
 def _queues_slow(pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int) -> torch.Tensor:

@@ -37,15 +37,38 @@ def _fifo_by_hand(pe: list[int], arrival: list[int], cost: list[int]) -> list[in
     return finish
 
 
-def test_fifo_runs_each_pes_tasks_in_arrival_order():
+@pytest.mark.parametrize(
+    ("first_pe", "lo", "hi"), [(0, 0, 60), (0, -50, 60), (0, 0, 2**40), (2**22, 0, 60)]
+)  # int32 keys, arrivals before 0, int64 keys, PE ids past one sort key
+def test_fifo_runs_each_pes_tasks_in_arrival_order(first_pe, lo, hi):
     rng = random.Random(0)
     for _ in range(50):
         n = rng.randint(1, 40)
-        pe = [rng.randint(0, 4) for _ in range(n)]
-        arrival = [rng.randint(0, 60) for _ in range(n)]
+        pe = [first_pe + rng.randint(0, 4) for _ in range(n)]
+        arrival = [rng.randint(lo, hi) for _ in range(n)]
         cost = [rng.randint(0, 9) for _ in range(n)]
         got = fifo(torch.tensor(pe), torch.tensor(arrival), torch.tensor(cost)).tolist()
         assert got == _fifo_by_hand(pe, arrival, cost)
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0, 60), (-50, 2**40)])  # int32 and int64 keys
+def test_queues_give_each_pes_last_finish_of_each_block(lo, hi):
+    rng = random.Random(1)
+    for _ in range(30):
+        pes, blocks, pairs = rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 12)
+        pe = sorted(rng.randrange(pes) for _ in range(pairs))
+        arr = [[rng.randint(lo, hi) for _ in range(pairs)] for _ in range(blocks)]
+        cost = [[rng.choice([0, rng.randint(1, 9)]) for _ in range(pairs)] for _ in range(blocks)]
+        tasks = [(q, n) for q in range(blocks) for n in range(pairs) if cost[q][n]]
+        finish = _fifo_by_hand(
+            [pe[n] for q, n in tasks], [arr[q][n] for q, n in tasks], [cost[q][n] for q, n in tasks]
+        )
+        want = [[0] * blocks for _ in range(pes)]
+        for (q, n), t in zip(tasks, finish):
+            want[pe[n]][q] = max(want[pe[n]][q], t)
+        best, busy = fast._queues(torch.tensor(pe), torch.tensor(arr), torch.tensor(cost), pes)
+        assert best.tolist() == want
+        assert busy.tolist() == [sum(cost[q][n] for q, n in tasks if pe[n] == p) for p in range(pes)]
 
 
 @pytest.mark.parametrize(("height", "width", "blocks", "chunk"), [(7, 5, 3, None), (33, 9, 300, 64)])
