@@ -190,11 +190,18 @@ class Flow:
         """``[blocks, features]``: when each message's head leaves, sent no earlier than ``t0`` (a stored
         value that a streaming-mode kernel reads in its own step is sent again then)."""
         if t0 not in self._departs:
-            lane = torch.searchsorted(self.bounds, torch.arange(self.features), right=True) - 1
-            pe = lane[None, :].expand(self.blocks, -1).reshape(-1)
-            wave = self.wave[:, None].expand(-1, self.features).reshape(-1)
-            finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
-            self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
+            bounds = self.bounds
+            lane = torch.searchsorted(bounds, torch.arange(self.features), right=True) - 1
+            if self.features and int(self.ready.max()) <= t0:  # all waiting at t0: each lane in order
+                sent_before = torch.cumsum(self.wave, 0) - self.wave  # per lane message, by earlier blocks
+                per_lane, rank = bounds.diff()[lane], torch.arange(self.features) - bounds[lane]
+                start = sent_before[:, None] * per_lane[None, :] + self.wave[:, None] * rank[None, :]
+                self._departs[t0] = start.add_(t0)
+            else:
+                pe = lane[None, :].expand(self.blocks, -1).reshape(-1)
+                wave = self.wave[:, None].expand(-1, self.features).reshape(-1)
+                finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
+                self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
         return self._departs[t0]
 
     @property
@@ -379,8 +386,7 @@ class _Clock:
             kt, flow = self._dense(k, t0)
         kt.load = load
         self.flows[k.name] = flow
-        if self.streaming:  # the result stays on the region until a later step sends it (sent_from)
-            kt.end = int((flow.ready + flow.wave[:, None]).max()) if flow.ready.numel() else kt.end
+        if self.streaming:
             self.prev_start, self.prev_end = kt.start, kt.end
             if load is not None and load[1] >= max(kt.start, 1) and kt.waits_on != "previous":
                 kt.waits_on = "load"
@@ -419,7 +425,14 @@ class _Clock:
         b, _, _, wave = self._blocks(k)
         ready = torch.full((len(wave), features_of(k.shape)), t0, dtype=torch.int64)
         flow = self._out_flow(k, ready, b, wave)
-        return KernelTime(k.name, k.op, t0, flow.done, zeros, zeros.clone(), 1), flow
+        return KernelTime(k.name, k.op, t0, self._end(flow), zeros, zeros.clone(), 1), flow
+
+    def _end(self, flow: Flow) -> int:
+        """When a kernel whose result is ``flow`` ends: its last message has left (streaming: is wholly at
+        the region's edge, where it stays until a later step sends it)."""
+        if self.streaming and flow.ready.numel():
+            return int((flow.ready + flow.wave[:, None]).max())
+        return flow.done
 
     def _waits(self, latest: dict[str, int], t0: int) -> str | None:
         if not latest:
@@ -464,7 +477,7 @@ class _Clock:
             k.name,
             k.op,
             start,
-            flow.done,
+            self._end(flow),
             busy,
             overhead,
             blocks,
@@ -660,7 +673,7 @@ class _Clock:
             k.name,
             k.op,
             int(arr.min()),
-            flow.done,
+            self._end(flow),
             busy,
             overhead,
             blocks,
