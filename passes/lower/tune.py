@@ -8,7 +8,8 @@ balance wins. ``tune_balanced`` places each sparse matmul at every limit in ``DR
 limit, every PE within one nonzero; ``0``: each row holds exactly its lane's features), times each
 with the emulator's own clock at its best block size (``blocks.best_sparse``), and keeps the fastest:
 ties go to the earlier limit, so the even placement stays unless another is faster. The kernel
-records its limit in ``attrs["drift"]`` (absent: none). For example, on a 768-to-768 layer at 90% on
+records its limit in ``attrs["drift"]`` (absent: none). A later kernel of the same shape, region and
+density (the next layer of a stack) takes the first one's limit and block size untimed. For example, on a 768-to-768 layer at 90% on
 a 64x64 mesh the unlimited cut takes about 5,200 cycles alone and the cut held within 16 features
 about 3,200.
 """
@@ -35,15 +36,16 @@ def tune_balanced(program: DataflowProgram, pending: list[Pending]) -> dict[str,
     """Re-place each balanced sparse matmul at its fastest limit; returns the block sizes found on the
     way (``plan_blocks`` takes them and searches for the rest)."""
     found: dict[str, int] = {}
-    chosen: dict[tuple, int | None] = {}  # by shape, region and density: the layers of a stack repeat
+    chosen: dict[tuple, tuple[int | None, int]] = {}  # by shape, region and density: a stack's layers repeat
     for k, p in zip(program.kernels, pending):
         if k.op != "sparse_matmul" or k.attrs.get("kind") not in _ROWWISE or p.sparse is None:
             continue
         key = _signature(k, p)
         if key in chosen:
-            if chosen[key] is not None:
-                _place(program, k, p, chosen[key])
-                k.attrs["drift"] = chosen[key]
+            drift, found[k.name] = chosen[key]
+            if drift is not None:
+                _place(program, k, p, drift)
+                k.attrs["drift"] = drift
             continue
         best: tuple[int, int, int | None, dict] | None = None
         for drift in DRIFTS:
@@ -58,7 +60,7 @@ def tune_balanced(program: DataflowProgram, pending: list[Pending]) -> dict[str,
         _install(program, k, arrays)
         if drift is not None:
             k.attrs["drift"] = drift
-        chosen[key] = drift
+        chosen[key] = drift, rows
         found[k.name] = rows
     return found
 
