@@ -16,7 +16,8 @@ Targets:
   same kernels could take on the mesh (``_floor``: each kernel's busiest lane must carry its inputs and
   its busiest column its outputs, ``in / lanes`` and ``out / columns`` messages of all rows, and its PEs
   their evenly spread AXPYs over all rows at once): on 64x64, activations alone cap GPT-2 small's
-  linear layers below 8x. ``--sweep-mesh 32x32`` runs the table on another mesh.
+  linear layers below 8x. ``--sweep-mesh WxH`` runs the table on another mesh, one that holds the
+  resident 50257x768 token embedding (32x32 does not: the lowering says it needs 111 columns).
 
 Lowering mode: streaming. A pipelined GPT-2 small needs 521 columns of 64 PEs (every kernel resident at
 once), so on 64x64 only the streaming lowering exists; wse2 uses the same mode, so that both meshes
