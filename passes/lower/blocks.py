@@ -64,13 +64,29 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
     return best
 
 
+def _geometry(program: DataflowProgram, k: Kernel) -> tuple:
+    """All an all-ones kernel's time alone depends on: its shape, region and attrs, and its inputs'."""
+    attrs = tuple(sorted((n, repr(v)) for n, v in k.attrs.items() if n != "rows_in_flight"))
+    inputs = tuple((program.value(v).shape, program.value(v).dtype) for v in k.inputs)
+    return (k.op, k.shape, k.dtype, k.region, attrs, inputs)
+
+
 def plan_blocks(program: DataflowProgram, known: Mapping[str, int] | None = None) -> None:
     """Set ``attrs["rows_in_flight"]`` on every kernel that streams rows (module docstring); ``known``
     gives sparse matmuls whose block size was found already (``tune.py``)."""
     chosen: dict[str, int] = {}
+    geometric: dict[tuple, tuple[int, int] | None] = {}  # all-ones kernels: timed by geometry alone
     for k in program.kernels:
         if k.op == "sparse_matmul" and k.attrs.get("kind") in ("linear", "addmm", "matmul"):
-            found = (None, known[k.name]) if known and k.name in known else best_sparse(program, k)
+            if known and k.name in known:
+                found: tuple[int | None, int] | None = (None, known[k.name])
+            elif k.attrs.get("all_ones"):
+                key = _geometry(program, k)
+                if key not in geometric:
+                    geometric[key] = best_sparse(program, k)
+                found = geometric[key]
+            else:
+                found = best_sparse(program, k)
             b = None if found is None else found[1]
         else:
             aligned = [chosen[v] for v in k.inputs if v in chosen and row_streaming(program, k, v)]

@@ -9,9 +9,9 @@ limit, every PE within one nonzero; ``0``: each row holds exactly its lane's fea
 with the emulator's own clock at its best block size (``blocks.best_sparse``), and keeps the fastest:
 ties go to the earlier limit, so the even placement stays unless another is faster. The kernel
 records its limit in ``attrs["drift"]`` (absent: none). A later kernel of the same shape, region and
-density (the next layer of a stack) takes the first one's limit and block size untimed. For example, on a 768-to-768 layer at 90% on
-a 64x64 mesh the unlimited cut takes about 5,200 cycles alone and the cut held within 16 features
-about 3,200.
+density (the next layer of a stack) takes the first one's limit and block size untimed. For example,
+on a 768-to-768 layer at 90% on a 64x64 mesh the unlimited cut takes about 5,200 cycles alone and the
+cut held within 16 features about 3,200.
 """
 
 from __future__ import annotations
