@@ -138,6 +138,12 @@ def comparison_table(stats: RunStats) -> Any:
         ("linear layers: sparse cycles", f"{c.linear_sparse_cycles:,}"),
         ("linear layers: realized speedup", f"{c.linear_realized:,.2f}x"),
     ]
+    if stats.mode == "pipelined":  # inputs follow each other through the resident kernels
+        rows += [
+            ("steady-state interval: dense cycles", f"{c.dense_interval:,}"),
+            ("steady-state interval: sparse cycles", f"{c.sparse_interval:,}"),
+            ("throughput: realized speedup", f"{c.throughput_realized:,.2f}x"),
+        ]
     for row in rows:
         table.add_row(*row)
     return table

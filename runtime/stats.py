@@ -63,6 +63,9 @@ class Comparison:
     linear_sparse_cycles: int
     linear_realized: float
     parts: dict[str, dict[str, float]]  # part -> {"sparse", "dense", "ideal", "excess"}
+    dense_interval: int = 0  # steady-state cycles between inputs (pipelined: the busiest PE of any kernel)
+    sparse_interval: int = 0
+    throughput_realized: float = 0.0  # dense interval over sparse: the speedup of inputs per second
 
     @property
     def efficiency(self) -> float:
@@ -310,4 +313,7 @@ def compare(program: DataflowProgram, sparse: RunStats, dense: RunStats) -> Comp
         linear_sparse_cycles=lin_s,
         linear_realized=lin_d / max(lin_s, 1),
         parts=parts,
+        dense_interval=dense.interval,
+        sparse_interval=sparse.interval,
+        throughput_realized=dense.interval / max(sparse.interval, 1),
     )

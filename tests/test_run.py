@@ -119,7 +119,10 @@ def test_dense_baseline_is_the_all_ones_model_lowered_for_real(mode):
     dense = sparsefx.compile(copy.deepcopy(model), 0.0)
     program = sparsefx.lower(sparse, x, mesh=(16, 16), mode=mode, placement="block")
     real = sparsefx.run(sparsefx.lower(dense, x, mesh=(16, 16), mode=mode, placement="block"), x)
-    assert sparsefx.run(program, x).stats.dense.dense_cycles == real.stats.cycles
+    stats = sparsefx.run(program, x).stats
+    assert stats.dense.dense_cycles == real.stats.cycles
+    assert (stats.dense.dense_interval, stats.dense.sparse_interval) == (real.stats.interval, stats.interval)
+    assert stats.dense.throughput_realized == real.stats.interval / stats.interval
 
 
 def test_zero_inputs_are_filtered_at_the_sender():
