@@ -39,7 +39,9 @@ from .layout import Layout, layout, weight_bytes
 from .memo import kept
 from .program import DataflowProgram, Kernel, lane_bounds
 
-__all__ = ["Flow", "KernelTime", "Timeline", "simulate", "fifo", "REDUCING_STATS"]
+__all__ = [
+    "Flow", "KernelTime", "Timeline", "simulate", "time_alone", "kernel_alone", "fifo", "REDUCING_STATS"
+]
 
 REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 """Kernels that all-reduce statistics across lanes before they finish a block."""
@@ -811,6 +813,11 @@ def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = 
     """Cycles ``kernel`` takes alone: its inputs stream in back to back, in its own blocks, from west
     of its region. The lowering compares mappings (block sizes) with it; ``known`` is the kernel's
     layout when the caller has read it already."""
+    return kernel_alone(program, kernel, known).end
+
+
+def kernel_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = None) -> KernelTime:
+    """``time_alone``'s whole timing: when the kernel ends, and each PE's busy cycles."""
     clock = _Clock(program, None, {kernel.name: known} if known is not None else None)
     clock.streaming = False
     b = block_rows(kernel)
@@ -822,4 +829,4 @@ def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = 
         wave = clock._waves(_sizes(rows, block), dtype)
         ready = torch.zeros((len(wave), f), dtype=torch.int64)
         clock.flows[value] = Flow(value, dtype, f, lanes, rows, block, wave, kernel.region.x - 1, ready)
-    return clock.time(kernel).end
+    return clock.time(kernel)

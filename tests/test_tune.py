@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 import sparsefx
-from sparsefx.passes.lower.blocks import best_sparse
+from sparsefx.passes.lower.blocks import BUSY_SLACK, best_sparse, candidates, fits
 from sparsefx.passes.lower.place_sparse import place_sparse
 from sparsefx.passes.lower.tune import DRIFTS
-from sparsefx.runtime.fast import time_alone
+from sparsefx.runtime.fast import kernel_alone, time_alone
 from sparsefx.runtime.layout import layout
 
 
@@ -57,3 +57,22 @@ def test_block_placement_is_not_tuned() -> None:
     sm = sparsefx.compile(model, 0.9, (x,))
     program = sparsefx.lower(sm, (x,), mesh=(8, 8), mode="streaming", placement="block")
     assert all("drift" not in k.attrs for k in program.kernels)
+
+
+def test_pipelined_blocks_keep_the_busiest_pe_near_its_least() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    x = torch.randn(128, 64)
+    sm = sparsefx.compile(model, 0.9, (x,))
+    program = sparsefx.lower(sm, (x,), mesh=(16, 16), mode="pipelined")
+    for k in (k for k in program.kernels if k.op == "sparse_matmul"):
+        chosen = k.attrs["rows_in_flight"]
+        busy = {}
+        for b in candidates(128):
+            k.attrs["rows_in_flight"] = b
+            if fits(program, k):
+                busy[b] = int(kernel_alone(program, k, layout(program, k)).busy.max())
+        k.attrs["rows_in_flight"] = chosen
+        least = busy[max(busy)]  # the longest block that fits starts the fewest tasks
+        assert busy[chosen] <= least * (1 + BUSY_SLACK)
+        assert any(busy[b] > least * (1 + BUSY_SLACK) for b in busy)  # the rule rules something out

@@ -7,8 +7,11 @@ block size that fits its PEs' SRAM (``runtime.fast.time_alone``: the emulator's 
 longest first, and keeps the fastest; once two sizes in a row are slower than the best so far it
 stops (the short blocks are the slow ones to time, and past the best they only add task starts).
 Row-wise kernels after it take its block size, so blocks flow down a chain of kernels without waiting
-for whole values (any other kernel takes all its rows at once, or as many as fit). The sizes tried
-are the powers of two below the rows, and the rows themselves::
+for whole values (any other kernel takes all its rows at once, or as many as fit). In pipelined mode
+every kernel is resident and inputs follow each other through them, so the busiest PE of any kernel
+sets the throughput: there a size is kept only if its busiest PE stays within ``BUSY_SLACK`` of the
+least busy size's (short blocks repeat every task start), and the fastest of those wins. The sizes
+tried are the powers of two below the rows, and the rows themselves::
 
     >>> candidates(12)
     [12, 8, 4, 2, 1]
@@ -19,15 +22,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sparsefx.runtime.cost import row_streaming, rows_of
-from sparsefx.runtime.fast import time_alone
+from sparsefx.runtime.fast import kernel_alone
 from sparsefx.runtime.layout import layout
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
-__all__ = ["candidates", "best_sparse", "fits", "plan_blocks", "WORSE_IN_A_ROW"]
+__all__ = ["candidates", "best_sparse", "fits", "plan_blocks", "WORSE_IN_A_ROW", "BUSY_SLACK"]
 
 WORSE_IN_A_ROW = 2
 """Stop trying shorter blocks after this many in a row were slower than the best so far."""
+
+BUSY_SLACK = 0.1
+"""Pipelined mode: how much busier than the least busy block size a kept size's busiest PE may be."""
 
 
 def candidates(rows: int) -> list[int]:
@@ -48,12 +54,18 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
     """``(cycles, rows in flight)`` of a sparse matmul's fastest block size alone, or None if none fits."""
     best: tuple[int, int] | None = None
     worse = 0
+    least_busy = None  # pipelined: the busiest PE's cycles at the longest block that fits
     known = layout(program, k)  # the same at every block size: read and check the slices once
     for b in candidates(rows_of(k.shape)):
         k.attrs["rows_in_flight"] = b
         if not k.attrs.get("all_ones") and not fits(program, k):
             continue
-        cycles = time_alone(program, k, known)
+        kt = kernel_alone(program, k, known)
+        cycles, busy = kt.end, int(kt.busy.max()) if kt.busy.numel() else 0
+        if program.mode == "pipelined":
+            least_busy = busy if least_busy is None else least_busy
+            if busy > least_busy * (1 + BUSY_SLACK):  # shorter blocks only start more tasks
+                break
         if best is None or cycles < best[0]:
             best, worse = (cycles, b), 0
         else:
