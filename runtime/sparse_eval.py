@@ -60,6 +60,7 @@ class Slices:
     in_lo: torch.Tensor
     in_hi: torch.Tensor
     where: str
+    sources: tuple[torch.Tensor, ...] = ()  # the arrays as given, which derived results are keyed by
 
     @property
     def pes(self) -> int:
@@ -156,6 +157,7 @@ def read_slices(
         in_lo,
         in_hi,
         where,
+        tuple(arrays[role] for role in sorted(arrays) if role != "bias"),
     )
 
 
@@ -195,8 +197,8 @@ def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor
     output ``o``, PE by PE and within a PE in input order, so a row's dot product adds each PE's AXPY
     terms in the order its PE does and then the PEs' partial sums one after another (the reduction,
     reassociated). Built once per slices' arrays and kept while they live (``runtime/memo.py``)."""
-    versions = tuple(t._version for t in (s.row_idx, s.col_ptr, s.nz_ptr))
-    return kept(s.values, ("merged", device, dtype, versions), lambda: _merge(s, device, dtype))
+    arrays = tuple((id(t), t._version) for t in s.sources)  # another array swapped in: merged again
+    return kept(s.values, ("merged", device, dtype, arrays), lambda: _merge(s, device, dtype))
 
 
 def _merge(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -171,6 +171,11 @@ def test_a_second_run_reuses_what_it_derived_and_sees_weights_changed_in_place(b
     assert not torch.allclose(changed.outputs, first.outputs)
     assert torch.equal(changed.outputs, copied.outputs)
     assert changed.stats.to_json() == copied.stats.to_json()
+    rows = program.arrays[k.arrays["row_idx"]]
+    program.arrays[k.arrays["row_idx"]] = torch.zeros_like(rows)  # another array swapped in: local row 0
+    swapped, copied = sparsefx.run(program, args), sparsefx.run(copy.deepcopy(program), args)
+    assert not torch.allclose(swapped.outputs, changed.outputs)
+    assert torch.equal(swapped.outputs, copied.outputs)
 
 
 def test_rows_in_flight_are_chosen_within_sram(builtins):
