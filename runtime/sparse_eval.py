@@ -39,7 +39,7 @@ from .program import lane_bounds
 __all__ = ["CHUNK_ELEMENTS", "Product", "Slices", "read_slices", "product", "sparse_matmul"]
 
 CHUNK_ELEMENTS = 1 << 22
-"""Elements of one scratch buffer (rows x nonzeros of a PE group, rows x inputs of an im2col chunk)."""
+"""Elements of one scratch buffer (nonzeros and column entries of PEs, rows x inputs of im2col)."""
 
 _ROWS_PER_CHUNK = 256
 
@@ -161,18 +161,17 @@ def read_slices(
     )
 
 
-def _groups(s: Slices, rows: int) -> list[tuple[int, int]]:
-    """Runs ``[p0, p1)`` of PEs: nonzeros plus ``rows`` x used accumulators about ``CHUNK_ELEMENTS`` each."""
-    nnz = s.nz_ptr.diff()
-    cost = nnz + torch.minimum(nnz, s.span) * rows + 1
+def _groups(s: Slices) -> list[tuple[int, int]]:
+    """Runs ``[p0, p1)`` of PEs holding about ``CHUNK_ELEMENTS`` nonzeros and column entries each."""
+    cost = s.nz_ptr.diff() + s.col_ptr_off.diff()
     before = torch.cumsum(cost, 0) - cost
     sizes = torch.unique_consecutive(before // CHUNK_ELEMENTS, return_counts=True)[1]
     ends = torch.cumsum(sizes, 0).tolist()
     return list(zip([0] + ends[:-1], ends))
 
 
-def _group_indices(s: Slices, p0: int, p1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For PEs ``[p0, p1)``, per nonzero: its input feature, its accumulator (PE, local row), its output."""
+def _group_indices(s: Slices, p0: int, p1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For PEs ``[p0, p1)``, per nonzero: its input feature and its output."""
     dev = s.nz_ptr.device
     pe = torch.arange(p0, p1, device=dev)
     n0, n1 = int(s.nz_ptr[p0]), int(s.nz_ptr[p1])
@@ -187,9 +186,8 @@ def _group_indices(s: Slices, p0: int, p1: int) -> tuple[torch.Tensor, torch.Ten
     row = s.row_idx[n0:n1].to(torch.int64)
     if n1 > n0 and bool(((row < 0) | (row >= s.span[pe_of_nz])).any()):
         raise EmulationError(f"{s.where}: a row index of PEs {p0}..{p1 - 1} leaves its PE's output range")
-    accumulator = (pe_of_nz - p0) * max(int(s.span[p0:p1].max()), 1) + row
     output = (s.out_lo[pe_of_nz] + row) % max(s.out_features, 1)
-    return feature, accumulator, output
+    return feature, output
 
 
 def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -203,8 +201,8 @@ def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor
 
 def _merge(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     features, outputs = [], []
-    for p0, p1 in _groups(s, 1):
-        feature, _, output = _group_indices(s, p0, p1)
+    for p0, p1 in _groups(s):
+        feature, output = _group_indices(s, p0, p1)
         features.append(feature)
         outputs.append(output)
     feature, output = torch.cat(features), torch.cat(outputs)

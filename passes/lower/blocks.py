@@ -63,8 +63,9 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
         kt = kernel_alone(program, k, known)
         cycles, busy = kt.end, int(kt.busy.max()) if kt.busy.numel() else 0
         if program.mode == "pipelined":
-            least_busy = busy if least_busy is None else least_busy
-            if busy > least_busy * (1 + BUSY_SLACK):  # shorter blocks only start more tasks
+            if least_busy is None:
+                least_busy = busy
+            elif busy > least_busy * (1 + BUSY_SLACK):  # shorter blocks only start more tasks
                 break
         if best is None or cycles < best[0]:
             best, worse = (cycles, b), 0
@@ -79,7 +80,7 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
 def _geometry(program: DataflowProgram, k: Kernel) -> tuple:
     """All an all-ones kernel's time alone depends on: its shape, region and attrs, and its inputs'."""
     attrs = tuple(sorted((n, repr(v)) for n, v in k.attrs.items() if n != "rows_in_flight"))
-    inputs = tuple((program.value(v).shape, program.value(v).dtype) for v in k.inputs)
+    inputs = tuple((s.shape, s.dtype) for s in map(program.value, k.inputs))
     return (k.op, k.shape, k.dtype, k.region, attrs, inputs)
 
 
