@@ -654,6 +654,8 @@ class _Clock:
         latest: dict[str, int] = {}
         for value in dict.fromkeys(k.inputs):
             flow = self.flows[value]
+            if flow.features == 0:  # an empty value (a cat's empty cache, say) sends no message
+                continue
             fin = torch.clamp(feats * flow.features // max(f, 1), max=flow.features - 1)
             a = self.arrivals(value, k, blocks, b, fin, px, py, ("dense",))
             latest[value] = int(a.max())

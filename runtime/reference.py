@@ -287,6 +287,8 @@ class _Machine:
         rows = rows_of(k.shape)
         for name in dict.fromkeys(k.inputs):
             v = self.values[name]
+            if v.features == 0:  # an empty value (a cat's empty cache, say) sends no message
+                continue
             streams = row_streaming(self.p, k, name)
             needs: dict[tuple[int, int], list[tuple[int, int]]] = {}
             src = [min(f * v.features // max(f_all, 1), v.features - 1) for f in range(f_all)]

@@ -82,6 +82,22 @@ def test_reference_runs_hugging_face_gpt2(mesh, mode, placement):
     assert torch.allclose(ref.outputs.logits, sm.eval()(ids).logits, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode, mesh", [("pipelined", (128, 16)), ("streaming", (16, 16))])
+def test_both_executors_run_gpt2_with_its_cache(mode, mesh):
+    """GPT-2's default ``use_cache=True`` concatenates each layer's keys and values onto an empty cache:
+    an empty input sends no message, in either executor."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(tiny_gpt2_config(use_cache=True)).eval()
+    ids = torch.randint(0, HF_VOCAB, (1, 8))
+    sm = sparsefx.compile(model, 0.9, (ids,))
+    program = sparsefx.lower(sm, (ids,), mesh=mesh, mode=mode)
+    empty = [k for k in program.kernels if any(0 in program.value(v).shape for v in k.inputs)]
+    assert empty  # the cache's concatenations are in the program
+    fast, ref = _agree(program, (ids,))
+    assert torch.allclose(fast.outputs.logits, sm.eval()(ids).logits, rtol=1e-4, atol=1e-5)
+
+
 def test_reference_counts_filtered_zeros(built):
     """Zeroed input features are not sent: the reference skips the same AXPYs as the fast clock."""
     sm, args = built["mlp"]
