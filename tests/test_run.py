@@ -206,3 +206,32 @@ def test_hf_gpt2_runs_with_its_integer_kernels():
     result = sparsefx.run(program, (fresh,))
     torch.testing.assert_close(result.outputs.logits, sm.eval()(fresh).logits, rtol=1e-4, atol=1e-5)
     assert sum(result.stats.parts.values()) == result.stats.cycles and result.stats.dense is not None
+
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"), [("mlp", "streaming"), ("mlp", "pipelined"), ("gpt-tiny", "streaming")]
+)
+def test_reused_timings_are_the_ones_the_clock_computes(builtins, monkeypatch, name, mode):
+    """A kernel met again in the same situation (its inputs' departures from its start, its zero pattern)
+    takes its earlier timing, moved to its start: in one run (a stack's layer norms, at later cycles)
+    and on a later run. Every run equals the clock's own count with reuse switched off."""
+    sm, args = builtins[name]
+    program = sparsefx.lower(sm, args, mesh=LOWER_MESH[name], mode=mode)
+    inputs = [args, _fresh(args)]
+    if name == "mlp":  # another zero pattern: the first matmul skips half its inputs
+        half = args[0].clone()
+        half[:, ::2] = 0
+        inputs.append((half,))
+    timed: list[str] = []
+    computed = fast._Clock._time
+    monkeypatch.setattr(fast._Clock, "_time", lambda self, k, t0: timed.append(k) or computed(self, k, t0))
+    reused = []
+    for x in inputs + [args]:
+        timed.clear()
+        reused.append(sparsefx.run(program, x).stats.to_json())
+        if len(reused) == 1 and name == "gpt-tiny":  # the baseline's kernels are timed too
+            assert len(timed) < 2 * len(program.kernels)
+    assert timed == []  # the first inputs again: every kernel reused
+    monkeypatch.setattr(fast, "REUSE", False)
+    assert [sparsefx.run(program, x).stats.to_json() for x in inputs + [args]] == reused
