@@ -32,7 +32,7 @@ from .cost import (
     features_of,
     load_cycles,
     ops_per_element,
-    row_streaming,
+    row_streaming_op,
     rows_of,
     task_cycles,
     wavelets,
@@ -321,7 +321,7 @@ class _Clock:
     # -- arrivals -------------------------------------------------------------------------------------
 
     def _source_blocks(self, flow: Flow, kernel: Kernel, value: str, blocks: int, b: int) -> torch.Tensor:
-        if row_streaming(self.p, kernel, value) and flow.rows == rows_of(kernel.shape) and blocks > 1:
+        if row_streaming_op(kernel) and flow.rows == rows_of(kernel.shape) and blocks > 1:
             ends = torch.clamp(torch.arange(1, blocks + 1) * b, max=flow.rows) - 1
             return torch.clamp(ends // flow.block, max=flow.blocks - 1)
         return torch.full((blocks,), flow.blocks - 1, dtype=torch.int64)
@@ -869,17 +869,26 @@ def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = 
     return kernel_alone(program, kernel, known).end
 
 
-def kernel_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = None) -> KernelTime:
-    """``time_alone``'s whole timing: when the kernel ends, and each PE's busy cycles."""
+def kernel_alone(
+    program: DataflowProgram, kernel: Kernel, known: Layout | None = None, rows: int | None = None
+) -> KernelTime:
+    """``time_alone``'s whole timing: when the kernel ends, and each PE's busy cycles. ``rows`` times
+    only the first rows of a row-wise kernel (its inputs' as many): the lowering's block search
+    times a few blocks of a long kernel and extrapolates (``passes/lower/blocks.py``)."""
     clock = _Clock(program, None, {kernel.name: known} if known is not None else None)
     clock.streaming = False
+    full = rows_of(kernel.shape)
+    if rows is not None and rows < full and row_streaming_op(kernel):
+        kernel = dataclasses.replace(kernel, shape=(rows, features_of(kernel.shape)))
     b = block_rows(kernel)
     for value in dict.fromkeys(kernel.inputs):
         shape, dtype = program.value(value).shape, program.value(value).dtype
-        f, rows = features_of(shape), rows_of(shape)
+        f, n = features_of(shape), rows_of(shape)
+        if n == full:  # row-streamed: as many rows as the kernel
+            n = rows_of(kernel.shape)
         lanes = _lanes(kernel, f)
-        block = b if rows == rows_of(kernel.shape) else max(rows, 1)
-        wave = clock._waves(_sizes(rows, block), dtype)
+        block = b if n == rows_of(kernel.shape) else max(n, 1)
+        wave = clock._waves(_sizes(n, block), dtype)
         ready = torch.zeros((len(wave), f), dtype=torch.int64)
-        clock.flows[value] = Flow(value, dtype, f, lanes, rows, block, wave, kernel.region.x - 1, ready)
+        clock.flows[value] = Flow(value, dtype, f, lanes, n, block, wave, kernel.region.x - 1, ready)
     return clock.time(kernel)

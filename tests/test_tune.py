@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import sparsefx
-from sparsefx.passes.lower.blocks import BUSY_SLACK, best_sparse, candidates, fits
+from sparsefx.passes.lower.blocks import BUSY_SLACK, TIMED_BLOCKS, _timed, best_sparse, candidates, fits
 from sparsefx.passes.lower.place_sparse import place_sparse
 from sparsefx.passes.lower.tune import DRIFTS
 from sparsefx.runtime.fast import kernel_alone, time_alone
@@ -76,3 +76,26 @@ def test_pipelined_blocks_keep_the_busiest_pe_near_its_least() -> None:
         least = busy[max(busy)]  # the longest block that fits starts the fewest tasks
         assert busy[chosen] <= least * (1 + BUSY_SLACK)
         assert any(busy[b] > least * (1 + BUSY_SLACK) for b in busy)  # the rule rules something out
+
+
+def test_long_kernels_are_timed_from_a_few_blocks_within_two_percent() -> None:
+    """A block size with more than ``TIMED_BLOCKS`` blocks is timed on its first 8 and 16 and extrapolated:
+    exact where the PEs are saturated, close where data movement sets the pace (99% sparse, pipelined)."""
+    assert TIMED_BLOCKS == 16
+    for outputs, sparsity, mode in ((1024, 0.99, "streaming"), (256, 0.9, "pipelined")):
+        torch.manual_seed(0)
+        layers = (torch.nn.Linear(256, outputs), torch.nn.GELU(), torch.nn.Linear(outputs, 256))
+        model = torch.nn.Sequential(*layers)
+        x = torch.randn(256, 256)
+        program = sparsefx.lower(sparsefx.compile(model, sparsity, (x,)), (x,), mesh=(32, 32), mode=mode)
+        for k in (k for k in program.kernels if k.op == "sparse_matmul"):
+            known, chosen = layout(program, k), k.attrs["rows_in_flight"]
+            for b in (1, 2, 4, 8):  # 256 to 32 blocks
+                k.attrs["rows_in_flight"] = b
+                exact = kernel_alone(program, k, known)
+                cycles, busy = _timed(program, k, known, b)
+                assert abs(cycles / exact.end - 1) <= 0.02, (k.name, b, cycles, exact.end)
+                assert abs(busy / int(exact.busy.max()) - 1) <= 0.02
+            k.attrs["rows_in_flight"] = 256  # whole: as the full timing
+            assert kernel_alone(program, k, known, rows=256).end == kernel_alone(program, k, known).end
+            k.attrs["rows_in_flight"] = chosen

@@ -7,7 +7,9 @@ block size that fits its PEs' SRAM (``runtime.fast.time_alone``: the emulator's 
 longest first, and keeps the fastest; once two sizes in a row are slower than the best so far it
 stops (the short blocks are the slow ones to time, and past the best they only add task starts).
 Row-wise kernels after it take its block size, so blocks flow down a chain of kernels without waiting
-for whole values (any other kernel takes all its rows at once, or as many as fit). In pipelined mode
+for whole values (any other kernel takes all its rows at once, or as many as fit). A size with more than
+``TIMED_BLOCKS`` blocks is timed on its first 8 and 16 and extrapolated (a long kernel reaches a
+steady state in which every block adds the same cycles). In pipelined mode
 every kernel is resident and inputs follow each other through them, so the busiest PE of any kernel
 sets the throughput: there a size is kept only if its busiest PE stays within ``BUSY_SLACK`` of the
 least busy size's (short blocks repeat every task start), and the fastest of those wins. The sizes
@@ -23,14 +25,17 @@ from collections.abc import Mapping
 
 from sparsefx.runtime.cost import row_streaming, rows_of
 from sparsefx.runtime.fast import kernel_alone
-from sparsefx.runtime.layout import layout
+from sparsefx.runtime.layout import Layout, layout
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
-__all__ = ["candidates", "best_sparse", "fits", "plan_blocks", "WORSE_IN_A_ROW", "BUSY_SLACK"]
+__all__ = ["candidates", "best_sparse", "fits", "plan_blocks", "WORSE_IN_A_ROW", "BUSY_SLACK", "TIMED_BLOCKS"]
 
 WORSE_IN_A_ROW = 2
 """Stop trying shorter blocks after this many in a row were slower than the best so far."""
+
+TIMED_BLOCKS = 16
+"""A block size with more blocks is timed on its first 8 and 16 and extrapolated from their difference."""
 
 BUSY_SLACK = 0.1
 """Pipelined mode: how much busier than the least busy block size a kept size's busiest PE may be."""
@@ -60,8 +65,7 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
         k.attrs["rows_in_flight"] = b
         if not k.attrs.get("all_ones") and not fits(program, k):
             continue
-        kt = kernel_alone(program, k, known)
-        cycles, busy = kt.end, int(kt.busy.max()) if kt.busy.numel() else 0
+        cycles, busy = _timed(program, k, known, b)
         if program.mode == "pipelined":
             if least_busy is None:
                 least_busy = busy
@@ -75,6 +79,20 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int] | None:
                 break
     k.attrs.pop("rows_in_flight", None)
     return best
+
+
+def _timed(program: DataflowProgram, k: Kernel, known: Layout, b: int) -> tuple[int, int]:
+    """``(cycles, busiest PE's cycles)`` of ``k`` alone at ``b`` rows per block. Past ``TIMED_BLOCKS``
+    blocks, both come from the first ``TIMED_BLOCKS // 2`` and ``TIMED_BLOCKS`` blocks: a long kernel
+    settles into a steady state where each block adds the same cycles."""
+    blocks = -(-max(rows_of(k.shape), 1) // b)
+    if blocks <= TIMED_BLOCKS:
+        kt = kernel_alone(program, k, known)
+        return kt.end, int(kt.busy.max()) if kt.busy.numel() else 0
+    half, whole = (kernel_alone(program, k, known, rows=n * b) for n in (TIMED_BLOCKS // 2, TIMED_BLOCKS))
+    busy = [int(t.busy.max()) if t.busy.numel() else 0 for t in (half, whole)]
+    more = (blocks - TIMED_BLOCKS) / (TIMED_BLOCKS // 2)  # steady-state steps of TIMED_BLOCKS // 2 blocks
+    return round(whole.end + (whole.end - half.end) * more), round(busy[1] + (busy[1] - busy[0]) * more)
 
 
 def _geometry(program: DataflowProgram, k: Kernel) -> tuple:
