@@ -492,13 +492,16 @@ class _Clock:
         has = count > 0
         work = has[None, :].expand(blocks, -1) if sent is None else sent & has[None, :]
         cost = torch.where(work, count[None, :] * axpy[:, None], 0)  # [blocks, pairs]; 0: no task
-        best, busy = _queues(pe, arr, cost, r.pes)
-        barrier = torch.full((blocks, r.pes), t0, dtype=torch.int64).scatter_reduce(
-            1, pe[None, :].expand_as(arr), arr, "amax"
+        # PEs without a pair are done with every block at t0: only the active ones are timed
+        active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
+        best, busy_active = _queues(at, arr, cost, len(active))
+        busy = torch.zeros(r.pes, dtype=torch.int64).index_put_((active,), busy_active)
+        barrier = torch.full((blocks, len(active)), t0, dtype=torch.int64).scatter_reduce(
+            1, at[None, :].expand_as(arr), arr, "amax"
         )  # a PE's block is done once every message of its columns has come
-        finish = torch.maximum(best.reshape(r.pes, blocks), barrier.T)
+        finish = torch.maximum(best.reshape(len(active), blocks), barrier.T)
         finish = torch.cummax(finish, dim=1).values
-        south, north, ready = self._reduce(k, s, finish, wave_out, t0)
+        south, north, ready = self._reduce(k, s, finish, active, wave_out, t0)
         flow = self._out_flow(k, ready, b, wave_out)
         tasks = count * work.sum(0)  # AXPYs of each (PE, column) over the blocks
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, tasks) * hw.task_start_cycles
@@ -532,11 +535,17 @@ class _Clock:
         return pe, col, x[pe], y[pe]
 
     def _reduce(
-        self, k: Kernel, s: Layout, finish: torch.Tensor, wave_out: torch.Tensor, t0: int
+        self,
+        k: Kernel,
+        s: Layout,
+        finish: torch.Tensor,
+        active: torch.Tensor,
+        wave_out: torch.Tensor,
+        t0: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Partial sums down and up each column, then east: the vertical links' loads and ``[blocks,
-        features]`` when each output message reaches the region's east edge. ``finish[pe, q]``: when
-        the PE is done with block ``q``."""
+        features]`` when each output message reaches the region's east edge. ``finish[i, q]``: when
+        PE ``active[i]`` is done with block ``q``; every other PE is done with each block at ``t0``."""
         hw, r = self.hw, k.region
         blocks, h = finish.shape[1], r.height
         lanes = _lanes(k, s.out_features)  # a convolution reduces its channels, not its features
@@ -549,16 +558,16 @@ class _Clock:
         # one output per message time.
         per_block = vload[:, None] * wave_out[None, :]
         occupy = torch.cumsum(per_block, dim=1)  # [width, blocks]
-        grid = finish.reshape(h, r.width, blocks)
+        columns = self._kept(k, ("columns",), lambda: _Columns(active, r.width, h))
         moving = travel > 0
         # An output's sum waits at the slowest row holding a part of it; sums waiting at one row
         # leave it one message time apart. Pairs with the same column and rows share that row:
         # find it once per such segment, [blocks, segments].
-        slowest = _range_max(grid, segments // (h * h), segments // h % h, segments % h).T
+        slowest = columns.slowest(finish, segments // (h * h), segments // h % h, segments % h, t0).T
         done_seg, group_seg = slowest // h, slowest % h + (segments // (h * h) * h)[None, :]
         # The bus starts with the first partial sum that can travel: the earliest segment of moving
         # pairs to be done (a column with none starts with its first PE done).
-        first_done = grid.amin(dim=0)
+        first_done = in_column = columns.first(finish, t0)
         users = _users(held_x, moving, r.width)
         if bool(moving.any()):
             seg_x = segments // (h * h)
@@ -567,7 +576,7 @@ class _Clock:
             per_seg = done_seg[:, go].T  # [segments, blocks]
             index = seg_x[go][:, None].expand_as(per_seg)
             first_done = torch.full_like(first_done, _NEVER).scatter_reduce_(0, index, per_seg, "amin")
-            first_done = first_done.minimum(torch.where(users[:, None] > 0, _NEVER, grid.amin(dim=0)))
+            first_done = first_done.minimum(torch.where(users[:, None] > 0, _NEVER, in_column))
         bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
         before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
         first = torch.cumsum(users, 0) - users
@@ -759,38 +768,68 @@ def _busiest_link(
     return bus * height + _range_max(grid, bus, lo, hi)[:, 0] % height
 
 
-def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """``[pairs, blocks]``: over rows ``lo..hi`` of column ``x`` of ``grid`` ``[height, width, blocks]``,
-    the largest value, encoded ``value * height + row``. Whole columns take one maximum; other ranges a
-    sparse table over the columns they lie in, built a level at a time up to what their longest needs,
-    each level answering its ranges before the next replaces it (no loop per pair); blocks go a few at
-    a time, so that a level holds at most about ``_CHUNK * 4`` entries.
-    """
-    height, width, blocks = grid.shape
-    step = max(1, _CHUNK * 4 // max(1, height * width))
-    if blocks > step:
-        return torch.cat([_range_max(grid[:, :, q : q + step], x, lo, hi) for q in range(0, blocks, step)], 1)
-    encoded = grid * height + torch.arange(height)[:, None, None]
-    out = torch.empty((len(x), blocks), dtype=torch.int64)
-    whole = (lo == 0) & (hi == height - 1)
-    if bool(whole.any()):
-        out[whole] = encoded.amax(dim=0)[x[whole]]
-    part = ~whole
-    if not bool(part.any()):
+class _Columns:
+    """A region's active PEs (region-local ids, ascending) by column: each column's rows, for the
+    largest and least finish over a column's rows without a ``[height, width, blocks]`` grid."""
+
+    def __init__(self, active: torch.Tensor, width: int, height: int) -> None:
+        x, y = active % width, active // width
+        key = x * height + y
+        self.order = torch.argsort(key)  # active PEs column by column, rows ascending
+        self.key, self.y, self.x = key[self.order], y[self.order], x
+        self.height, self.width = height, width
+        self.full = torch.bincount(x, minlength=width) == height  # columns with no idle PE
+
+    def slowest(
+        self, finish: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t0: int
+    ) -> torch.Tensor:
+        """``[ranges, blocks]``: the largest finish over rows ``lo..hi`` of column ``x``, encoded ``value
+        * height + row`` (ties: the last row); an idle PE finishes at ``t0``, before any active one."""
+        h = self.height
+        first = torch.searchsorted(self.key, x * h + lo)
+        end = torch.searchsorted(self.key, x * h + hi, right=True)
+        out = (t0 * h + hi)[:, None].expand(-1, finish.shape[1]).clone()  # ranges of idle PEs only
+        some = end > first
+        if bool(some.any()):
+            encoded = finish[self.order] * h + self.y[:, None]
+            out[some] = _range_max_1d(encoded, first[some], end[some] - 1)
         return out
-    columns, at = torch.unique(x[part], return_inverse=True)
-    lo, hi = lo[part], hi[part]
+
+    def first(self, finish: torch.Tensor, t0: int) -> torch.Tensor:
+        """``[width, blocks]``: the least finish in each column (``t0`` where a PE of it is idle)."""
+        least = torch.full((self.width, finish.shape[1]), t0, dtype=torch.int64)
+        index = self.x[:, None].expand_as(finish)
+        in_full = torch.full_like(least, _NEVER).scatter_reduce_(0, index, finish, "amin")
+        return torch.where(self.full[:, None], in_full, least)
+
+
+def _range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``[ranges, blocks]``: the largest of rows ``lo..hi`` (inclusive, non-empty) of ``values`` ``[n,
+    blocks]``. A sparse table built a level at a time up to what the longest range needs, each level
+    answering its ranges before the next replaces it (no loop per range); blocks go a few at a time,
+    so that a level holds at most about ``_CHUNK * 4`` entries."""
+    n, blocks = values.shape
+    step = max(1, _CHUNK * 4 // max(1, n))
+    if blocks > step:
+        return torch.cat([_range_max_1d(values[:, q : q + step], lo, hi) for q in range(0, blocks, step)], 1)
     level = torch.floor(torch.log2((hi - lo + 1).clamp(min=1).to(torch.float64))).to(torch.int64)
-    found = torch.empty((len(lo), blocks), dtype=torch.int64)
-    table = encoded[:, columns]  # level j, row r: the largest of rows r .. r + 2^j - 1
-    for j in range(int(level.max()) + 1):
+    out = torch.empty((len(lo), blocks), dtype=torch.int64)
+    table = values  # level j, row i: the largest of rows i .. i + 2^j - 1
+    for j in range(int(level.max()) + 1 if len(lo) else 0):
         if j:
             table = torch.maximum(table[: -(1 << (j - 1))], table[1 << (j - 1) :])
         m = level == j
         if bool(m.any()):
-            found[m] = torch.maximum(table[lo[m], at[m]], table[hi[m] - (1 << j) + 1, at[m]])
-    out[part] = found
+            out[m] = torch.maximum(table[lo[m]], table[hi[m] - (1 << j) + 1])
     return out
+
+
+def _range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``[ranges, blocks]``: over rows ``lo..hi`` of column ``x`` of ``grid`` ``[height, width, blocks]``,
+    the largest value, encoded ``value * height + row`` (ties: the last row)."""
+    height, width, blocks = grid.shape
+    encoded = (grid * height + torch.arange(height)[:, None, None]).permute(1, 0, 2)
+    return _range_max_1d(encoded.reshape(width * height, blocks), x * height + lo, x * height + hi)
 
 
 def _cumcount(key: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
