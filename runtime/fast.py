@@ -305,6 +305,7 @@ class _Clock:
         self.loader_free = 0
         self.prev_start = 0
         self.t0 = 0
+        self.reuse = REUSE  # keep and reuse kernel timings (``situation``)
 
     def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per kernel structure and ``key``: what depends on the program, not the inputs."""
@@ -389,7 +390,7 @@ class _Clock:
     def time(self, k: Kernel) -> KernelTime:
         t0, load = self._begin(k)
         self.t0 = t0
-        if REUSE:  # kept relative to the kernel's start: the rules only add and compare times
+        if self.reuse:  # kept relative to the kernel's start: the rules only add and compare times
             timed = self._kept(k, self.situation(k, t0), lambda: _moved(k, *self._time(k, t0), -t0, True))
             kt, flow = _moved(k, *timed, t0)
         else:
@@ -916,6 +917,7 @@ def kernel_alone(
     times a few blocks of a long kernel and extrapolates (``passes/lower/blocks.py``)."""
     clock = _Clock(program, None, {kernel.name: known} if known is not None else None)
     clock.streaming = False
+    clock.reuse = False  # the lowering times each mapping once: keeping its timings only holds memory
     full = rows_of(kernel.shape)
     if rows is not None and rows < full and row_streaming_op(kernel):
         kernel = dataclasses.replace(kernel, shape=(rows, features_of(kernel.shape)))
