@@ -234,12 +234,38 @@ def _owner(route: Route) -> str:
 
 
 def _check_routes(p: DataflowProgram) -> None:
-    """Router entries of all routes at once: on the mesh, once per route, hops received, ends right."""
+    """Router entries of all routes: on the mesh, once per route, hops received, ends right, and no two
+    routes on one color at one PE at once. A streaming program's routes are expanded a step at a time
+    (with the routes of every step), so the entries of one step are in memory at once: on ``wse2`` each
+    step's routes cover most of the mesh's 754K PEs."""
     if not p.routes:
         return
-    runs = p.arrays["routes.runs"]
     counts = torch.tensor([r.count for r in p.routes], dtype=torch.int64)
-    run_route = torch.repeat_interleave(torch.arange(len(p.routes)), counts)
+    first = torch.tensor([r.first for r in p.routes], dtype=torch.int64)  # each route's first run
+    steps = torch.tensor([r.step for r in p.routes], dtype=torch.int64)
+    if p.mode != "streaming":
+        _check_conflicts(p, _check_batch(p, torch.arange(len(p.routes)), first, counts))
+        return
+    always = _check_batch(p, (steps < 0).nonzero().squeeze(1), first, counts)
+    for step in torch.unique(steps[steps >= 0]).tolist():
+        entries = _check_batch(p, (steps == step).nonzero().squeeze(1), first, counts)
+        _check_conflicts(p, torch.cat([always, entries]))
+    if not bool((steps >= 0).any()):
+        _check_conflicts(p, always)
+
+
+def _check_batch(
+    p: DataflowProgram, routes: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """The per-route checks of ``routes`` (global indices, ascending); returns their ``(step, color, pe,
+    route)`` entries."""
+    if len(routes) == 0:
+        return torch.zeros((0, 4), dtype=torch.int64)
+    n = counts[routes]
+    local = torch.repeat_interleave(torch.arange(len(routes)), n)
+    rows = first[routes][local] + torch.arange(int(n.sum())) - (torch.cumsum(n, 0) - n)[local]
+    runs = p.arrays["routes.runs"][rows]
+    run_route = routes[local]
     pe, rx, tx = expand(runs, p.mesh)
     lengths = runs[:, 3].to(torch.int64).clamp(min=0)
     route = torch.repeat_interleave(run_route, lengths)
@@ -260,17 +286,18 @@ def _check_routes(p: DataflowProgram) -> None:
             f"{at // p.mesh.width}) twice on color {r.color}",
         )
     _check_hops(p, route, pe, tx, rx[order], skey)
-    bounds = torch.cumsum(
-        torch.zeros(len(p.routes), dtype=torch.int64).index_add_(0, route, torch.ones_like(route)), 0
-    )
+    per = torch.zeros(len(routes), dtype=torch.int64).index_add_(0, local, lengths)  # entries per route
+    bounds = torch.cumsum(per, 0)
     start = 0
-    for i, r in enumerate(p.routes):
+    for i, g in enumerate(routes.tolist()):
         end = int(bounds[i])
+        r = p.routes[g]
         _check_ends(p, r, _owner(r), pe[start:end], rx[start:end], tx[start:end])
         start = end
-    steps = torch.tensor([r.step for r in p.routes], dtype=torch.int64)[route]
-    colors = torch.tensor([r.color for r in p.routes], dtype=torch.int64)[route]
-    _check_conflicts(p, torch.stack([steps, colors, pe, route], 1))
+    steps = torch.tensor([p.routes[g].step for g in routes.tolist()], dtype=torch.int64)
+    colors = torch.tensor([p.routes[g].color for g in routes.tolist()], dtype=torch.int64)
+    at_route = torch.repeat_interleave(torch.arange(len(routes)), per)
+    return torch.stack([steps[at_route], colors[at_route], pe, route], 1)
 
 
 def _check_hops(

@@ -405,3 +405,15 @@ def test_an_active_dropout_is_refused_and_an_eval_one_is_the_identity() -> None:
     sm = sparsefx.compile(_ModeDropout(), 0.5, x)
     program = sparsefx.lower(sm, x, mesh=(8, 8))
     assert [k.op for k in program.kernels] == ["sparse_matmul"]
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "streaming"])
+def test_two_routes_on_one_color_at_one_pe_fail_verify(compiled, mode) -> None:
+    """Streaming programs are checked a step at a time: a clash within a step is still found."""
+    sm, args = compiled["mlp"]
+    program = sparsefx.lower(sm, args, mesh=(16, 16), mode=mode)
+    program.verify()
+    route = next(r for r in program.routes if r.kind == "value" and r.src != "host")
+    program.routes.append(dataclasses.replace(route, name=route.name + "_again"))  # same runs, same color
+    with pytest.raises(VerifyError, match=f"routes '{route.name}' and '{route.name}_again' both use color"):
+        program.verify()
