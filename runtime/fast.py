@@ -38,7 +38,7 @@ from .cost import (
     wavelets,
 )
 from .layout import Layout, layout, weight_bytes
-from .memo import kept
+from .memo import kept_for
 from .program import DataflowProgram, Kernel, lane_bounds
 
 __all__ = [
@@ -309,15 +309,7 @@ class _Clock:
 
     def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per kernel structure and ``key``: what depends on the program, not the inputs."""
-        owner, arrays = None, ()
-        if k.op == "sparse_matmul" and not k.attrs.get("all_ones") and "values" in k.arrays:
-            owner = self.p.arrays[k.arrays["values"]]
-            tensors = (self.p.arrays[name] for role, name in sorted(k.arrays.items()) if role != "bias")
-            arrays = tuple((id(t), t._version) for t in tensors)  # another array swapped in: derived again
-        r, a = k.region, k.attrs
-        shape = (k.op, k.shape, r.x, r.y, r.width, r.height, self.p.mesh.width, self.p.mesh.height)
-        attrs = tuple(a.get(n) for n in ("lanes", "in_features", "out_features", "kind", "all_ones"))
-        return kept(owner, shape + attrs + arrays + key, build)
+        return kept_for(self.p, k, key, build)
 
     # -- arrivals -------------------------------------------------------------------------------------
 

@@ -24,11 +24,14 @@ import dataclasses
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-__all__ = ["kept", "GEOMETRY_BYTES"]
+if TYPE_CHECKING:
+    from .program import DataflowProgram, Kernel
+
+__all__ = ["kept", "kept_for", "GEOMETRY_BYTES"]
 
 T = TypeVar("T")
 
@@ -63,6 +66,22 @@ def kept(owner: torch.Tensor | None, key: Hashable, build: Callable[[], T]) -> T
     if key not in results:
         results[key] = build()
     return results[key]
+
+
+def kept_for(program: DataflowProgram, k: Kernel, key: tuple, build: Callable[[], T]) -> T:
+    """``kept`` for what a kernel's structure determines: a sparse matmul's results are owned by its
+    ``values`` array and keyed by the identity and version of every array but its bias (another array
+    swapped in is derived again); any other kernel's by its geometry (op, shape, region, mesh and the
+    attributes that shape its data). ``key`` names the result and anything else it depends on."""
+    owner, arrays = None, ()
+    if k.op == "sparse_matmul" and not k.attrs.get("all_ones") and "values" in k.arrays:
+        owner = program.arrays[k.arrays["values"]]
+        tensors = (program.arrays[name] for role, name in sorted(k.arrays.items()) if role != "bias")
+        arrays = tuple((id(t), t._version) for t in tensors)
+    r, a, mesh = k.region, k.attrs, program.mesh
+    shape = (k.op, k.shape, r.x, r.y, r.width, r.height, mesh.width, mesh.height)
+    attrs = tuple(a.get(n) for n in ("lanes", "in_features", "out_features", "kind", "all_ones"))
+    return kept(owner, shape + attrs + arrays + key, build)
 
 
 def _nbytes(value: Any) -> int:

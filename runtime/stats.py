@@ -19,8 +19,9 @@ import torch
 
 from .fast import KernelTime, Timeline
 from .layout import weight_bytes as weight_bytes_of
+from .memo import kept_for
 from .memory import pe_bytes
-from .program import DataflowProgram
+from .program import DataflowProgram, Kernel
 
 __all__ = ["KernelStats", "RunStats", "Comparison", "collect", "compare", "PARTS"]
 
@@ -217,6 +218,13 @@ def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list
     return sent, hops, hottest
 
 
+def _sram_max(program: DataflowProgram, k: Kernel) -> int:
+    """The busiest PE's SRAM bytes, derived once per kernel structure (``memo.kept_for``)."""
+    arrays = tuple((role, tuple(program.arrays[n].shape)) for role, n in sorted(k.arrays.items()))
+    key = ("sram_max", repr(sorted(k.attrs.items())), repr(program.hardware), arrays)
+    return kept_for(program, k, key, lambda: int(pe_bytes(program, k).max()))
+
+
 def collect(program: DataflowProgram, timeline: Timeline, executor: str) -> RunStats:
     """``RunStats`` of one timed run (module docstring)."""
     mesh = program.mesh
@@ -231,7 +239,7 @@ def collect(program: DataflowProgram, timeline: Timeline, executor: str) -> RunS
         r = k.region
         busy[r.y : r.y + r.height, r.x : r.x + r.width] += kt.busy.reshape(r.height, r.width)
         described = r.pes and not k.attrs.get("all_ones")  # the dense baseline's matmuls hold no arrays
-        sram = int(pe_bytes(program, k).max()) if described else 0
+        sram = _sram_max(program, k) if described else 0
         sram_max = max(sram_max, sram)
         if kt.load is not None:
             weight_bytes += weight_bytes_of(program, k)
