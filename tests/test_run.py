@@ -235,3 +235,16 @@ def test_reused_timings_are_the_ones_the_clock_computes(builtins, monkeypatch, n
     assert timed == []  # the first inputs again: every kernel reused
     monkeypatch.setattr(fast, "REUSE", False)
     assert [sparsefx.run(program, x).stats.to_json() for x in inputs + [args]] == reused
+
+
+def test_each_kernel_keeps_the_timings_of_its_latest_situations_only(builtins):
+    """A ReLU model meets a new zero pattern on every run: the kept timings stay bounded."""
+    sm, args = builtins["mlp"]
+    program = sparsefx.lower(sm, args, mesh=LOWER_MESH["mlp"], mode="streaming")
+    k = next(k for k in program.kernels if k.op == "sparse_matmul")
+    for i in range(fast.SITUATIONS + 3):
+        x = args[0].clone()
+        x[:, i :: fast.SITUATIONS + 3] = 0  # another zero pattern each run
+        sparsefx.run(program, (x,))
+    timings = fast.kept_for(program, k, ("timings",), dict)
+    assert len(timings) == fast.SITUATIONS
