@@ -58,6 +58,8 @@ SITUATIONS = 8
 """Timings kept per kernel structure: those of the most recently met situations (a program and its
 dense baseline share them for kernels of the same geometry)."""
 
+_NAMES = ("param", "dense")  # attributes that name things (the weight; the baseline's plan), not timing
+
 _BIG = 1 << 44
 _NEVER = 1 << 62  # later than any cycle
 _CHUNK = 1 << 21  # entries of one scratch tensor of partial-sum times
@@ -189,6 +191,7 @@ class Flow:
     east: int  # the column messages leave from (-1: the host, west of column 0)
     ready: torch.Tensor  # [blocks, features]
     _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _waiting: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``'s; moved copies share it
 
     @property
     def blocks(self) -> int:
@@ -204,19 +207,32 @@ class Flow:
         """``[blocks, features]``: when each message's head leaves, sent no earlier than ``t0`` (a stored
         value that a streaming-mode kernel reads in its own step is sent again then)."""
         if t0 not in self._departs:
-            bounds = self.bounds
-            lane = torch.searchsorted(bounds, torch.arange(self.features), right=True) - 1
-            if self.features and int(self.ready.max()) <= t0:  # all waiting at t0: each lane in order
-                sent_before = torch.cumsum(self.wave, 0) - self.wave  # per lane message, by earlier blocks
-                per_lane, rank = bounds.diff()[lane], torch.arange(self.features) - bounds[lane]
-                start = sent_before[:, None] * per_lane[None, :] + self.wave[:, None] * rank[None, :]
-                self._departs[t0] = start.add_(t0)
+            if self.waits(t0):
+                self._departs[t0] = self.waiting()[0] + t0
             else:
+                lane = torch.searchsorted(self.bounds, torch.arange(self.features), right=True) - 1
                 pe = lane[None, :].expand(self.blocks, -1).reshape(-1)
                 wave = self.wave[:, None].expand(-1, self.features).reshape(-1)
                 finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
                 self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
         return self._departs[t0]
+
+    def waits(self, t0: int) -> bool:
+        """Whether every message is ready by ``t0`` (then they leave in closed form, ``waiting``)."""
+        return self.features > 0 and int(self.ready.max()) <= t0
+
+    def waiting(self) -> tuple[torch.Tensor, tuple]:
+        """Departures, counted from the start, of messages all waiting at it (each lane sends its own in
+        order, block by block), and their ``_digest``; they depend on the wavelets and lanes alone, so
+        a moved copy shares them."""
+        if "start" not in self._waiting:
+            bounds = self.bounds
+            lane = torch.searchsorted(bounds, torch.arange(self.features), right=True) - 1
+            sent_before = torch.cumsum(self.wave, 0) - self.wave  # per lane message, by earlier blocks
+            per_lane, rank = bounds.diff()[lane], torch.arange(self.features) - bounds[lane]
+            start = sent_before[:, None] * per_lane[None, :] + self.wave[:, None] * rank[None, :]
+            self._waiting.update(start=start, digest=_digest(start))
+        return self._waiting["start"], self._waiting["digest"]
 
     @property
     def done(self) -> int:
@@ -388,7 +404,7 @@ class _Clock:
         t0, load = self._begin(k)
         self.t0 = t0
         if self.reuse:  # kept relative to the kernel's start: the rules only add and compare times
-            timings = self._kept(k, ("timings",), OrderedDict)
+            timings = self._kept(k, ("timings", *self.setting(k)), OrderedDict)
             key = self.situation(k, t0)
             if key in timings:
                 timings.move_to_end(key)
@@ -414,17 +430,23 @@ class _Clock:
             return self._constant(k, t0)
         return self._dense(k, t0)
 
+    def setting(self, k: Kernel) -> tuple:
+        """What a kernel's timing depends on besides its structure (``_kept``) and inputs: its attributes
+        (but the names among them), the hardware and the mode."""
+        attrs = sorted((n, v) for n, v in k.attrs.items() if n not in _NAMES)
+        return repr(attrs), repr(self.hw), self.streaming
+
     def situation(self, k: Kernel, t0: int) -> tuple:
-        """All a kernel's timing depends on besides its structure (``_kept``), relative to its start
-        ``t0``: its attributes, the hardware, and how each input's messages leave their producer (when,
-        counted from ``t0``, and how many wavelets) and, for a sparse matmul, which of its input vectors
-        are sent. A program run again on inputs with the same zero pattern (a GELU model: none) meets
-        every kernel in the situation of the first run. Tensors enter as 160-bit digests of their bytes."""
-        parts: list[Any] = [repr(sorted(k.attrs.items())), repr(self.hw), self.streaming]
+        """What a kernel's timing depends on besides its structure and ``setting``, relative to its start
+        ``t0``: how each input's messages leave their producer (when, counted from ``t0``, and how many
+        wavelets) and, for a sparse matmul, which of its input vectors are sent. A program run again on
+        inputs with the same zero pattern (a GELU model: none) meets every kernel in the situation of
+        the first run. Tensors enter as 160-bit digests of their bytes."""
+        parts: list[Any] = []
         for value in dict.fromkeys(k.inputs):
-            f = self.flows[value]
-            sent = f.depart(t0 if self.streaming else 0) - t0
-            parts.append((f.east, f.features, f.lanes, f.rows, f.block, _digest(f.wave), _digest(sent)))
+            f, at = self.flows[value], t0 if self.streaming else 0
+            sent = f.waiting()[1] if f.waits(at) and at == t0 else _digest(f.depart(at) - t0)
+            parts.append((f.east, f.features, f.lanes, f.rows, f.block, _digest(f.wave), sent))
         live = self.activity.get(k.name)
         if live is not None:
             parts.append(_digest(_blocked(live, block_rows(k))))
@@ -749,7 +771,8 @@ def _moved(k: Kernel, kt: KernelTime, flow: Flow, dt: int, keep: bool = False) -
     elif keep and waits in inputs:
         waits = inputs.index(waits)
     moved = dataclasses.replace(kt, name=k.name, start=kt.start + dt, end=kt.end + dt, waits_on=waits)
-    return moved, dataclasses.replace(flow, value=k.name, ready=flow.ready + dt, _departs={})
+    flow = dataclasses.replace(flow, value=k.name, ready=flow.ready + dt, _departs={}, _waiting=flow._waiting)
+    return moved, flow
 
 
 def _users(held_x: torch.Tensor, moving: torch.Tensor, width: int) -> torch.Tensor:

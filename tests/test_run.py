@@ -246,5 +246,5 @@ def test_each_kernel_keeps_the_timings_of_its_latest_situations_only(builtins):
         x = args[0].clone()
         x[:, i :: fast.SITUATIONS + 3] = 0  # another zero pattern each run
         sparsefx.run(program, (x,))
-    timings = fast.kept_for(program, k, ("timings",), dict)
+    timings = fast.kept_for(program, k, ("timings", *fast._Clock(program, None).setting(k)), dict)
     assert len(timings) == fast.SITUATIONS
