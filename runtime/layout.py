@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .memo import kept_for
 from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
 from .sparse_eval import read_slices
 
@@ -65,6 +66,11 @@ def weight_bytes(program: DataflowProgram, k: Kernel) -> int:
     """Bytes a kernel loads from off-mesh memory in weight-streaming mode: all its arrays."""
     if not k.attrs.get("all_ones"):
         return sum(program.specs[a].nbytes for a in k.arrays.values())
+    key = ("weight_bytes", k.dtype, bool(k.attrs.get("bias")))
+    return kept_for(program, k, key, lambda: _dense_bytes(program, k))
+
+
+def _dense_bytes(program: DataflowProgram, k: Kernel) -> int:
     s = layout(program, k)
     pes = k.region.pes
     value = torch.empty((), dtype=DTYPES[k.dtype]).element_size()

@@ -301,6 +301,17 @@ def _conv(
     return out if batched else out.squeeze(0)
 
 
+def _slices(
+    arrays: Mapping[str, torch.Tensor], in_f: int, out_f: int, region: tuple[int, int], where: str
+) -> Slices:
+    """``read_slices``, read and checked once per set of arrays (identity and version of each)."""
+    if "values" not in arrays:
+        return read_slices(arrays, in_f, out_f, region[0], region[1], where)
+    given = tuple((role, id(t), t._version) for role, t in sorted(arrays.items()) if role != "bias")
+    key = ("slices", given, in_f, out_f, region)
+    return kept(arrays["values"], key, lambda: read_slices(arrays, in_f, out_f, region[0], region[1], where))
+
+
 def sparse_matmul(
     arrays: Mapping[str, torch.Tensor],
     attrs: Mapping,
@@ -326,7 +337,7 @@ def sparse_matmul(
         in_f, out_f = int(attrs["in_features"]), int(attrs["out_features"])
     except (KeyError, TypeError, ValueError):
         raise EmulationError(f"{where}: attrs in_features/out_features are missing or not integers") from None
-    s = read_slices(arrays, in_f, out_f, region[0], region[1], where)
+    s = _slices(arrays, in_f, out_f, region, where)
     bias = arrays.get("bias")
     alpha, beta = (attrs.get("alpha", 1), attrs.get("beta", 1)) if kind == "addmm" else (1, 1)
     if not all(isinstance(v, (int, float)) for v in (alpha, beta)):
