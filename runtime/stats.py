@@ -235,8 +235,12 @@ def _top(rows: torch.Tensor, n: int) -> list[tuple[int, int]]:
     return list(zip(flat[at][order].tolist(), at[order].tolist()))
 
 
-def collect(program: DataflowProgram, timeline: Timeline, executor: str) -> RunStats:
-    """``RunStats`` of one timed run (module docstring)."""
+def collect(
+    program: DataflowProgram, timeline: Timeline, executor: str, mesh_detail: bool = True
+) -> RunStats:
+    """``RunStats`` of one timed run (module docstring). Without ``mesh_detail`` (the dense baseline,
+    which ``compare`` reads for its cycles, parts and intervals) the per-PE busy grid, SRAM and link
+    traffic are left empty."""
     mesh = program.mesh
     busy = torch.zeros((mesh.height, mesh.width), dtype=torch.int64)
     kernels = []
@@ -247,8 +251,9 @@ def collect(program: DataflowProgram, timeline: Timeline, executor: str) -> RunS
     for kt in timeline.kernels:
         k = program.kernel(kt.name)
         r = k.region
-        busy[r.y : r.y + r.height, r.x : r.x + r.width] += kt.busy.reshape(r.height, r.width)
-        described = r.pes and not k.attrs.get("all_ones")  # the dense baseline's matmuls hold no arrays
+        if mesh_detail:
+            busy[r.y : r.y + r.height, r.x : r.x + r.width] += kt.busy.reshape(r.height, r.width)
+        described = mesh_detail and r.pes and not k.attrs.get("all_ones")  # all-ones: no arrays
         sram = _sram_max(program, k) if described else 0
         sram_max = max(sram_max, sram)
         if kt.load is not None:
@@ -279,7 +284,7 @@ def collect(program: DataflowProgram, timeline: Timeline, executor: str) -> RunS
         interval = max([int(kt.busy.max()) for kt in timeline.kernels if kt.busy.numel()] + [1])
     else:
         interval = timeline.cycles
-    sent, hops, hottest = _links(program, timeline)
+    sent, hops, hottest = _links(program, timeline) if mesh_detail else (0, 0, [])
     return RunStats(
         executor=executor,
         mode=program.mode,
