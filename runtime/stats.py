@@ -165,9 +165,9 @@ def _parts(path: list[KernelTime], cycles: int) -> dict[str, int]:
         if kt.op != "sparse_matmul":
             parts["dense_ops"] += segment
             continue
-        busy = kt.busy.float()
-        mean, top = float(busy.mean()), float(busy.max())
-        over = float(kt.overhead.float().mean())
+        n = max(kt.busy.numel(), 1)
+        mean, top = int(kt.busy.sum()) / n, float(kt.busy.max()) if kt.busy.numel() else 0.0
+        over = int(kt.overhead.sum()) / n
         shares = {"mac": mean - over, "imbalance": top - mean, "task_overhead": over}
         inside = sum(shares.values())
         scale = min(1.0, segment / inside) if inside > 0 else 0.0  # overlapped with the segment before
@@ -184,7 +184,7 @@ def _parts(path: list[KernelTime], cycles: int) -> dict[str, int]:
 
 def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list[tuple[int, int, str, int]]]:
     """Wavelets sent, link hops and the hottest links, from value flows and column reductions."""
-    grid = torch.zeros((program.mesh.height, program.mesh.width, 4), dtype=torch.int64)  # E, W, S, N
+    planes = torch.zeros((4, program.mesh.height, program.mesh.width), dtype=torch.int64)  # E, W, S, N
     sent = 0
     for kt in timeline.kernels:
         k = program.kernel(kt.name)
@@ -196,14 +196,15 @@ def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list
             a = max(flow.east + 1, 0) if program.mode == "pipelined" else 0
             b = k.region.x + k.region.width - 1
             if b > a:
-                grid[: flow.lanes, a:b, 0] += lanes[:, None]
+                planes[0, : flow.lanes, a:b] += lanes[:, None]
         if kt.bus is not None:
             south, north = kt.bus
             r = k.region
-            grid[r.y : r.y + r.height, r.x : r.x + r.width, 2] += south.T
-            grid[r.y : r.y + r.height, r.x : r.x + r.width, 3] += north.T
+            planes[2, r.y : r.y + r.height, r.x : r.x + r.width] += south.T
+            planes[3, r.y : r.y + r.height, r.x : r.x + r.width] += north.T
             sent += int(south.sum() + north.sum())
-    hops = int(grid.sum())
+    hops = int(planes.sum())
+    grid = planes.permute(1, 2, 0)  # [height, width, direction]: links numbered row by row
     names = ("E", "W", "S", "N")
     hottest = []
     if grid.numel():
@@ -258,8 +259,9 @@ def collect(
         sram_max = max(sram_max, sram)
         if kt.load is not None:
             weight_bytes += weight_bytes_of(program, k)
-        b = kt.busy.float()
-        mean = float(b.mean()) if b.numel() else 0.0
+        n = kt.busy.numel()
+        top = int(kt.busy.max()) if n else 0
+        mean = int(kt.busy.sum()) / n if n else 0.0
         kernels.append(
             KernelStats(
                 kt.name,
@@ -267,9 +269,9 @@ def collect(
                 kt.start,
                 kt.end,
                 kt.end - kt.start,
-                int(b.max()) if b.numel() else 0,
+                top,
                 mean,
-                float(b.max() / mean) if mean > 0 else 1.0,
+                top / mean if mean > 0 else 1.0,
                 kt.messages,
                 kt.skipped,
                 kt.axpys,
