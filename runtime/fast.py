@@ -191,7 +191,7 @@ class Flow:
     east: int  # the column messages leave from (-1: the host, west of column 0)
     ready: torch.Tensor  # [blocks, features]
     _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _waiting: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``'s; moved copies share it
+    _waiting: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
 
     @property
     def blocks(self) -> int:
@@ -236,10 +236,14 @@ class Flow:
 
     @property
     def done(self) -> int:
-        """When the last message has left the producer."""
+        """When the last message has left the producer. Times are never negative, so the lanes' queues
+        move with ``ready``: kept from its first message, it serves every moved copy."""
         if self.features == 0:
             return int(self.ready.max()) if self.ready.numel() else 0
-        return int((self.depart() + self.wave[:, None]).max())
+        first = int(self.ready.min())
+        if "done" not in self._waiting:
+            self._waiting["done"] = int((self.depart() + self.wave[:, None]).max()) - first
+        return self._waiting["done"] + first
 
 
 @dataclass
