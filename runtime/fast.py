@@ -264,6 +264,14 @@ class KernelTime:
     waits_on: str | int | None = None  # the input (or "load", "previous") whose arrival came last
     load: tuple[int, int] | None = None  # streaming: when its weights were loaded
     bus: tuple[torch.Tensor, torch.Tensor] | None = None  # wavelets per vertical link [width, height]
+    _sums: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)  # moved copies share
+
+    def busy_sums(self) -> tuple[int, int, int]:
+        """The busiest PE's cycles, all PEs' busy cycles and their task-start part, summed once."""
+        if "busy" not in self._sums:
+            top = int(self.busy.max()) if self.busy.numel() else 0
+            self._sums["busy"] = (top, int(self.busy.sum()), int(self.overhead.sum()))
+        return self._sums["busy"]
 
 
 @dataclass

@@ -166,8 +166,8 @@ def _parts(path: list[KernelTime], cycles: int) -> dict[str, int]:
             parts["dense_ops"] += segment
             continue
         n = max(kt.busy.numel(), 1)
-        mean, top = int(kt.busy.sum()) / n, float(kt.busy.max()) if kt.busy.numel() else 0.0
-        over = int(kt.overhead.sum()) / n
+        most, total, start = kt.busy_sums()
+        mean, top, over = total / n, float(most), start / n
         shares = {"mac": mean - over, "imbalance": top - mean, "task_overhead": over}
         inside = sum(shares.values())
         scale = min(1.0, segment / inside) if inside > 0 else 0.0  # overlapped with the segment before
@@ -184,7 +184,7 @@ def _parts(path: list[KernelTime], cycles: int) -> dict[str, int]:
 
 def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list[tuple[int, int, str, int]]]:
     """Wavelets sent, link hops and the hottest links, from value flows and column reductions."""
-    planes = torch.zeros((4, program.mesh.height, program.mesh.width), dtype=torch.int64)  # E, W, S, N
+    planes = torch.zeros((4, program.mesh.width, program.mesh.height), dtype=torch.int64)  # E, W, S, N
     sent = 0
     for kt in timeline.kernels:
         k = program.kernel(kt.name)
@@ -196,15 +196,15 @@ def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list
             a = max(flow.east + 1, 0) if program.mode == "pipelined" else 0
             b = k.region.x + k.region.width - 1
             if b > a:
-                planes[0, : flow.lanes, a:b] += lanes[:, None]
+                planes[0, a:b, : flow.lanes] += lanes[None, :]
         if kt.bus is not None:
             south, north = kt.bus
             r = k.region
-            planes[2, r.y : r.y + r.height, r.x : r.x + r.width] += south.T
-            planes[3, r.y : r.y + r.height, r.x : r.x + r.width] += north.T
+            planes[2, r.x : r.x + r.width, r.y : r.y + r.height] += south  # [width, height] as the bus
+            planes[3, r.x : r.x + r.width, r.y : r.y + r.height] += north
             sent += int(south.sum() + north.sum())
     hops = int(planes.sum())
-    grid = planes.permute(1, 2, 0)  # [height, width, direction]: links numbered row by row
+    grid = planes.permute(2, 1, 0)  # [height, width, direction]: links numbered row by row
     names = ("E", "W", "S", "N")
     hottest = []
     if grid.numel():
@@ -260,8 +260,8 @@ def collect(
         if kt.load is not None:
             weight_bytes += weight_bytes_of(program, k)
         n = kt.busy.numel()
-        top = int(kt.busy.max()) if n else 0
-        mean = int(kt.busy.sum()) / n if n else 0.0
+        top, total, _ = kt.busy_sums()
+        mean = total / n if n else 0.0
         kernels.append(
             KernelStats(
                 kt.name,
@@ -283,7 +283,7 @@ def collect(
             )
         )
     if program.mode == "pipelined":
-        interval = max([int(kt.busy.max()) for kt in timeline.kernels if kt.busy.numel()] + [1])
+        interval = max([kt.busy_sums()[0] for kt in timeline.kernels if kt.busy.numel()] + [1])
     else:
         interval = timeline.cycles
     sent, hops, hottest = _links(program, timeline) if mesh_detail else (0, 0, [])
