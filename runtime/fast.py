@@ -191,7 +191,7 @@ class Flow:
     east: int  # the column messages leave from (-1: the host, west of column 0)
     ready: torch.Tensor  # [blocks, features]
     _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _waiting: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
 
     @property
     def blocks(self) -> int:
@@ -225,14 +225,14 @@ class Flow:
         """Departures, counted from the start, of messages all waiting at it (each lane sends its own in
         order, block by block), and their ``_digest``; they depend on the wavelets and lanes alone, so
         a moved copy shares them."""
-        if "start" not in self._waiting:
+        if "start" not in self._shared:
             bounds = self.bounds
             lane = torch.searchsorted(bounds, torch.arange(self.features), right=True) - 1
             sent_before = torch.cumsum(self.wave, 0) - self.wave  # per lane message, by earlier blocks
             per_lane, rank = bounds.diff()[lane], torch.arange(self.features) - bounds[lane]
             start = sent_before[:, None] * per_lane[None, :] + self.wave[:, None] * rank[None, :]
-            self._waiting.update(start=start, digest=_digest(start))
-        return self._waiting["start"], self._waiting["digest"]
+            self._shared.update(start=start, digest=_digest(start))
+        return self._shared["start"], self._shared["digest"]
 
     @property
     def done(self) -> int:
@@ -241,9 +241,9 @@ class Flow:
         if self.features == 0:
             return int(self.ready.max()) if self.ready.numel() else 0
         first = int(self.ready.min())
-        if "done" not in self._waiting:
-            self._waiting["done"] = int((self.depart() + self.wave[:, None]).max()) - first
-        return self._waiting["done"] + first
+        if "done" not in self._shared:
+            self._shared["done"] = int((self.depart() + self.wave[:, None]).max()) - first
+        return self._shared["done"] + first
 
 
 @dataclass
@@ -456,8 +456,8 @@ class _Clock:
         the first run. Tensors enter as 160-bit digests of their bytes."""
         parts: list[Any] = []
         for value in dict.fromkeys(k.inputs):
-            f, at = self.flows[value], t0 if self.streaming else 0
-            sent = f.waiting()[1] if f.waits(at) and at == t0 else _digest(f.depart(at) - t0)
+            f = self.flows[value]  # t0 is 0 outside streaming mode, as ``arrivals`` reads departures
+            sent = f.waiting()[1] if f.waits(t0) else _digest(f.depart(t0) - t0)
             parts.append((f.east, f.features, f.lanes, f.rows, f.block, _digest(f.wave), sent))
         live = self.activity.get(k.name)
         if live is not None:
@@ -783,7 +783,7 @@ def _moved(k: Kernel, kt: KernelTime, flow: Flow, dt: int, keep: bool = False) -
     elif keep and waits in inputs:
         waits = inputs.index(waits)
     moved = dataclasses.replace(kt, name=k.name, start=kt.start + dt, end=kt.end + dt, waits_on=waits)
-    flow = dataclasses.replace(flow, value=k.name, ready=flow.ready + dt, _departs={}, _waiting=flow._waiting)
+    flow = dataclasses.replace(flow, value=k.name, ready=flow.ready + dt, _departs={}, _shared=flow._shared)
     return moved, flow
 
 

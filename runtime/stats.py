@@ -232,8 +232,9 @@ def _top(rows: torch.Tensor, n: int) -> list[tuple[int, int]]:
     floor = torch.topk(best, min(n, best.numel())).values[-1]
     flat = rows.reshape(-1)
     at = (flat >= floor).nonzero().squeeze(1)  # ascending index
-    order = torch.sort(flat[at], descending=True, stable=True).indices[:n]
-    return list(zip(flat[at][order].tolist(), at[order].tolist()))
+    values = flat[at]
+    order = torch.sort(values, descending=True, stable=True).indices[:n]
+    return list(zip(values[order].tolist(), at[order].tolist()))
 
 
 def collect(

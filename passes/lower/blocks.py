@@ -88,9 +88,9 @@ def _timed(program: DataflowProgram, k: Kernel, known: Layout, b: int) -> tuple[
     blocks = -(-max(rows_of(k.shape), 1) // b)
     if blocks <= TIMED_BLOCKS:
         kt = kernel_alone(program, k, known)
-        return kt.end, int(kt.busy.max()) if kt.busy.numel() else 0
+        return kt.end, kt.busy_sums()[0]
     half, whole = (kernel_alone(program, k, known, rows=n * b) for n in (TIMED_BLOCKS // 2, TIMED_BLOCKS))
-    busy = [int(t.busy.max()) if t.busy.numel() else 0 for t in (half, whole)]
+    busy = [t.busy_sums()[0] for t in (half, whole)]
     more = (blocks - TIMED_BLOCKS) / (TIMED_BLOCKS // 2)  # steady-state steps of TIMED_BLOCKS // 2 blocks
     return round(whole.end + (whole.end - half.end) * more), round(busy[1] + (busy[1] - busy[0]) * more)
 
