@@ -501,8 +501,11 @@ class _Clock:
 
     def _end(self, flow: Flow) -> int:
         """When a kernel whose result is ``flow`` ends: its last message has left (streaming: is wholly at
-        the region's edge, where it stays until a later step sends it)."""
-        if self.streaming and flow.ready.numel():
+        the region's edge, where it stays until a later step sends it). An empty result (a cat's empty
+        cache) sends nothing and ends at the kernel's start, as in the reference executor."""
+        if not flow.ready.numel():
+            return self.t0
+        if self.streaming:
             return int((flow.ready + flow.wave[:, None]).max())
         return flow.done
 

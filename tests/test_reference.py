@@ -14,6 +14,7 @@ import torch
 import sparsefx
 from conftest import HF_VOCAB, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
+from sparsefx.runtime import fast as fast_clock
 
 CYCLE_TOLERANCE = 0.05
 """Largest relative gap between the executors' cycle counts on the programs below. Measured (fast over
@@ -83,7 +84,7 @@ def test_reference_runs_hugging_face_gpt2(mesh, mode, placement):
 
 
 @pytest.mark.parametrize("mode, mesh", [("pipelined", (128, 16)), ("streaming", (16, 16))])
-def test_both_executors_run_gpt2_with_its_cache(mode, mesh):
+def test_both_executors_run_gpt2_with_its_cache(monkeypatch, mode, mesh):
     """GPT-2's default ``use_cache=True`` concatenates each layer's keys and values onto an empty cache:
     an empty input sends no message, in either executor."""
     transformers = pytest.importorskip("transformers")
@@ -96,6 +97,11 @@ def test_both_executors_run_gpt2_with_its_cache(mode, mesh):
     assert empty  # the cache's concatenations are in the program
     fast, ref = _agree(program, (ids,))
     assert torch.allclose(fast.outputs.logits, sm.eval()(ids).logits, rtol=1e-4, atol=1e-5)
+    for stats in (fast.stats, ref.stats):  # the empty cache's constants end at their start, not at 0
+        assert all(k.start <= k.end for k in stats.kernels)
+    reused = sparsefx.run(program, (ids,)).stats.to_json()  # every kernel's timing kept from the first run
+    monkeypatch.setattr(fast_clock, "REUSE", False)
+    assert sparsefx.run(program, (ids,)).stats.to_json() == reused
 
 
 def test_reference_counts_filtered_zeros(built):
