@@ -10,8 +10,16 @@ checks both. ``KEYS`` maps each key to a one-line description::
 from __future__ import annotations
 
 __all__ = [
-    "SELECTED", "PARAM", "SHAPES", "SHAPE_ENV", "SYMBOLS", "SYMBOL_VALUES", "INPUT_ERROR",
-    "FLOPS", "UNCOUNTED", "KEYS",
+    "SELECTED",
+    "PARAM",
+    "SHAPES",
+    "SHAPE_ENV",
+    "SYMBOLS",
+    "SYMBOL_VALUES",
+    "INPUT_ERROR",
+    "FLOPS",
+    "UNCOUNTED",
+    "KEYS",
 ]
 
 SELECTED = "sparsefx.selected"

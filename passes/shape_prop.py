@@ -35,7 +35,14 @@ from .meta import INPUT_ERROR, SHAPE_ENV, SHAPES, SYMBOL_VALUES, SYMBOLS
 
 __all__ = [
     "INPUT_ERROR",
-    "PropagateShapes", "BATCH", "SEQ", "SHAPE_ENV", "SYMBOLS", "SYMBOL_VALUES", "sym_expr"]
+    "PropagateShapes",
+    "BATCH",
+    "SEQ",
+    "SHAPE_ENV",
+    "SYMBOLS",
+    "SYMBOL_VALUES",
+    "sym_expr",
+]
 
 BATCH = sympy.Symbol("batch", positive=True, integer=True)
 SEQ = sympy.Symbol("seq", positive=True, integer=True)
@@ -82,6 +89,8 @@ class PropagateShapes:
 
 def _target_name(node: fx.Node) -> str:
     return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
 _INPUT_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError)
 
 

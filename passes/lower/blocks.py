@@ -29,7 +29,19 @@ from sparsefx.runtime.layout import Layout, layout
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
-__all__ = ["candidates", "best_sparse", "fits", "plan_blocks", "WORSE_IN_A_ROW", "BUSY_SLACK", "TIMED_BLOCKS"]
+__all__ = [
+    "ROWWISE",
+    "candidates",
+    "best_sparse",
+    "fits",
+    "plan_blocks",
+    "WORSE_IN_A_ROW",
+    "BUSY_SLACK",
+    "TIMED_BLOCKS",
+]
+
+ROWWISE = ("linear", "addmm", "matmul")
+"""Matmul kinds whose blocks are rows (a convolution's are whole images): their block size is searched."""
 
 WORSE_IN_A_ROW = 2
 """Stop trying shorter blocks after this many in a row were slower than the best so far."""
@@ -108,7 +120,7 @@ def plan_blocks(program: DataflowProgram, known: Mapping[str, int] | None = None
     chosen: dict[str, int] = {}
     geometric: dict[tuple, tuple[int, int] | None] = {}  # all-ones kernels: timed by geometry alone
     for k in program.kernels:
-        if k.op == "sparse_matmul" and k.attrs.get("kind") in ("linear", "addmm", "matmul"):
+        if k.op == "sparse_matmul" and k.attrs.get("kind") in ROWWISE:
             if known and k.name in known:
                 found: tuple[int | None, int] | None = (None, known[k.name])
             elif k.attrs.get("all_ones"):

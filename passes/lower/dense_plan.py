@@ -24,6 +24,7 @@ from .blocks import plan_blocks
 from .builder import Pending
 from .place import max_width, min_width, regions, work
 from .split_streamed import plan_passes
+from .tune import Choice, rowwise, search
 
 __all__ = ["dense_pending", "plan_dense"]
 
@@ -73,10 +74,41 @@ def plan_dense(program: DataflowProgram, pending: list[Pending], lanes: int) -> 
         return
     for k, r, (_, passes) in zip(program.kernels, regs, sized):
         k.attrs["dense"] = {"region": [r.x, r.y, r.width, r.height], "passes": passes}
+    found = _tune_widths(program, {k.name: w for k, w in zip(program.kernels, widths)})
     baseline = dense_program(program)
     assert baseline is not None
-    plan_blocks(baseline)
+    plan_blocks(baseline, found)
     for k in baseline.kernels:
         name = k.name.rsplit(".dense", 1)[0]
         if "rows_in_flight" in k.attrs:
             program.kernel(name).attrs["dense"]["rows_in_flight"] = k.attrs["rows_in_flight"]
+
+
+def _tune_widths(program: DataflowProgram, narrowest: dict[str, int]) -> dict[str, int]:
+    """Streaming: each dense matmul at its own best width (``tune.py``), written into its plan; returns
+    the block sizes found. The passes of one matmul, and the layers of a stack, take the first one's."""
+    baseline = dense_program(program)
+    if baseline is None or program.mode != "streaming":
+        return {}
+    plans = {k.name: k for k in program.kernels}
+    chosen: dict[tuple, Choice | None] = {}
+    found: dict[str, int] = {}
+    for k in baseline.kernels:
+        if not rowwise(k):
+            continue
+        b = plans[k.name.rsplit(".dense", 1)[0]]
+        key = (
+            b.attrs["in_features"],
+            b.attrs["out_features"],
+            b.shape,
+            b.dtype,
+            "bias" in b.arrays,
+            k.region,
+        )
+        if key not in chosen:
+            chosen[key] = search(baseline, k, narrowest[b.name], (None,), lambda k, drift: None)
+        choice = chosen[key]
+        if choice is not None:
+            b.attrs["dense"]["region"][2] = choice.width
+            found[k.name] = choice.rows
+    return found

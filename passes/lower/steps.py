@@ -31,7 +31,7 @@ from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
 from .split_streamed import plan_passes
-from .tune import tune_balanced
+from .tune import tune_sparse
 
 __all__ = [
     "LoweringState",
@@ -205,15 +205,17 @@ def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed
 
 @dataclass(frozen=True)
 class PlanBlocks:
-    """Each kernel's rows in flight (``blocks.py``; balanced: with its row cuts' limit, ``tune.py``), and
-    the dense baseline's plan (``dense_plan.py``)."""
+    """Each sparse matmul's mapping (``tune.py``: streaming, its width; balanced, its row cuts' limit),
+    every kernel's rows in flight (``blocks.py``), and the dense baseline's plan (``dense_plan.py``)."""
 
     name: ClassVar[str] = "plan-blocks"
 
     def __call__(self, state: LoweringState) -> PassResult:
-        assert state.program is not None
-        found = tune_balanced(state.program, state.pending) if state.placement == "balanced" else {}
-        plan_blocks(state.program, found)
+        program = state.program
+        assert program is not None
+        narrowest = {p.name: w for p, w in zip(state.pending, state.widths)}
+        found = tune_sparse(program, state.pending, narrowest, state.placement)
+        plan_blocks(program, found)
         plan_dense(state.program, state.pending, state.meta["lanes"])
         return PassResult(state, True)  # type: ignore[arg-type]
 

@@ -1,67 +1,147 @@
-"""Tune the balanced placement per kernel: how far a row's input cut may move off its lane.
+"""Tune each sparse matmul's mapping on the emulator's clock: its width, its row cuts, its block size.
 
-Cutting every column's nonzeros into equal runs evens out the PEs, but a row's inputs then drift off
-its lane, and each feature that drifted forks up or down the column to reach it. On a layer whose
-inputs are most of its traffic (GPT-2 small's 3072-input projection on a 64x64 mesh) the forks cost
-more than the imbalance they remove; on one whose outputs are (its 768-to-3072 expansion) the
-balance wins. ``tune_balanced`` places each sparse matmul at every limit in ``DRIFTS`` (``None``: no
-limit, every PE within one nonzero; ``0``: each row holds exactly its lane's features), times each
-with the emulator's own clock at its best block size (``blocks.best_sparse``), and keeps the fastest:
-ties go to the earlier limit, so the even placement stays unless another is faster. The kernel
-records its limit in ``attrs["drift"]`` (absent: none). A later kernel of the same shape, region and
-density (the next layer of a stack) takes the first one's limit and block size untimed. For example,
-on a 768-to-768 layer at 90% on a 64x64 mesh the unlimited cut takes about 5,200 cycles alone and the
-cut held within 16 features about 3,200.
+**Width** (weight-streaming mode). One kernel runs at a time from column 0, and a matmul could take
+every column up to its outputs. Every column costs something, though: each PE's input and output
+ranges and its column offsets are loaded from off-mesh memory like the nonzeros, and partial sums cross
+more PEs on their way east. On a 757x996 mesh a 768-to-768 layer at 90% has about one nonzero per PE
+at full width, and its ranges and offsets come to some 27 MB against 0.35 MB of nonzeros, so the load
+sets its time. The widths tried run from the narrowest whose PEs hold the data up to the kernel's cap,
+doubling (``widths``); once ``WORSE_IN_A_ROW`` widths in a row are slower than the best so far the
+search stops. A streaming kernel's time counts its weight load (``cost.load_cycles``), which cannot
+overlap its own run. In pipelined mode the width is the share ``place.py`` gave.
+
+**Row cuts** (balanced placement). Cutting every column's nonzeros into equal runs evens out the PEs,
+but a row's inputs then drift off its lane, and each feature that drifted forks up or down the column
+to reach it. On a layer whose inputs are most of its traffic (GPT-2 small's 3072-input projection on a
+64x64 mesh) the forks cost more than the imbalance they remove; on one whose outputs are (its
+768-to-3072 expansion) the balance wins. Each width is placed at every limit in ``DRIFTS`` (``None``:
+no limit, every PE within one nonzero; ``0``: each row holds exactly its lane's features). The kernel
+records its limit in ``attrs["drift"]`` (absent: none).
+
+**Block size**: each mapping is timed at its fastest (``blocks.best_sparse``).
+
+The fastest mapping wins; ties go to the narrower width and the earlier limit. A later kernel of the
+same shape, region and density (the next layer of a stack) takes the first one's mapping untimed. The
+dense baseline gets the same search over widths (``dense_plan.py``), so each side is compared at its own
+best. For example, on a 768-to-768 layer at 90% on a 64x64 mesh the unlimited cut takes about 5,200
+cycles alone and the cut held within 16 features about 3,200::
+
+    >>> widths(3, 40)
+    [3, 5, 10, 20, 40]
 """
 
 from __future__ import annotations
 
-from sparsefx.runtime.csc import imbalance
-from sparsefx.runtime.memory import pe_bytes
-from sparsefx.runtime.program import DataflowProgram, Kernel
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
-from .blocks import best_sparse
+from sparsefx.runtime.cost import load_cycles
+from sparsefx.runtime.csc import imbalance
+from sparsefx.runtime.layout import weight_bytes
+from sparsefx.runtime.memory import pe_bytes
+from sparsefx.runtime.program import DataflowProgram, Kernel, Region
+
+from .blocks import ROWWISE, WORSE_IN_A_ROW, best_sparse
 from .builder import Pending
 from .place_sparse import place_sparse
 
-__all__ = ["tune_balanced", "DRIFTS"]
+__all__ = ["Choice", "DRIFTS", "widths", "search", "tune_sparse", "rowwise"]
 
 DRIFTS: tuple[int | None, ...] = (None, 16, 0)
 """The limits tried, in order of preference."""
 
-_ROWWISE = ("linear", "addmm", "matmul")
+
+@dataclass(frozen=True)
+class Choice:
+    """A sparse matmul's mapping: cycles alone (with its weight load when streaming), width, row-cut
+    limit and block size."""
+
+    cycles: int
+    width: int
+    drift: int | None
+    rows: int
 
 
-def tune_balanced(program: DataflowProgram, pending: list[Pending]) -> dict[str, int]:
-    """Re-place each balanced sparse matmul at its fastest limit; returns the block sizes found on the
-    way (``plan_blocks`` takes them and searches for the rest)."""
-    found: dict[str, int] = {}
-    chosen: dict[tuple, tuple[int | None, int]] = {}  # by shape, region and density: a stack's layers repeat
-    for k, p in zip(program.kernels, pending):
-        if k.op != "sparse_matmul" or k.attrs.get("kind") not in _ROWWISE or p.sparse is None:
-            continue
-        key = _signature(k, p)
-        if key in chosen:
-            drift, found[k.name] = chosen[key]
-            if drift is not None:
-                _place(program, k, p, drift)
-                k.attrs["drift"] = drift
-            continue
-        best: tuple[int, int, int | None, dict] | None = None
-        for drift in DRIFTS:
-            arrays = _arrays(program, k) if drift is None else _place(program, k, p, drift)
+def rowwise(k: Kernel) -> bool:
+    """Whether ``k`` is a sparse matmul over rows (whose mapping is tuned; a convolution's is not)."""
+    return k.op == "sparse_matmul" and k.attrs.get("kind") in ROWWISE
+
+
+def widths(narrowest: int, cap: int) -> list[int]:
+    """Widths to try, narrowest first: ``cap`` halved until it reaches ``narrowest``, and ``narrowest``."""
+    out, w = [], max(cap, 1)
+    while w > narrowest:
+        out.append(w)
+        w //= 2
+    return sorted({*out, max(min(narrowest, cap), 1)})
+
+
+def search(
+    program: DataflowProgram,
+    k: Kernel,
+    narrowest: int,
+    drifts: Sequence[int | None],
+    place: Callable[[Kernel, int | None], None],
+) -> Choice | None:
+    """The fastest mapping of ``k`` (module docstring), or None when none fits. ``place(k, drift)`` lays
+    out its data on ``k.region`` as it stands. Leaves ``k`` at its starting region, laid out as last tried."""
+    start = k.region
+    tried = widths(narrowest, start.width) if program.mode == "streaming" else [start.width]
+    best: Choice | None = None
+    worse = 0
+    for w in tried:
+        k.region = Region(start.x, start.y, w, start.height)
+        here: Choice | None = None
+        for drift in drifts:
+            place(k, drift)
             timed = best_sparse(program, k)
-            if timed is not None and (best is None or timed[0] < best[0]):
-                best = (timed[0], timed[1], drift, arrays)
-        if best is None:
-            _install(program, k, _place(program, k, p, None))
+            if timed is None:
+                continue
+            cycles = timed[0]
+            if program.mode == "streaming":
+                cycles += load_cycles(weight_bytes(program, k), program.hardware)
+            if here is None or cycles < here.cycles:
+                here = Choice(cycles, w, drift, timed[1])
+        if here is None:
             continue
-        _, rows, drift, arrays = best
-        _install(program, k, arrays)
-        if drift is not None:
-            k.attrs["drift"] = drift
-        chosen[key] = drift, rows
-        found[k.name] = rows
+        if best is None or here.cycles < best.cycles:
+            best, worse = here, 0
+        else:
+            worse += 1
+            if worse == WORSE_IN_A_ROW:
+                break
+    k.region = start
+    return best
+
+
+def tune_sparse(
+    program: DataflowProgram, pending: list[Pending], narrowest: dict[str, int], placement: str
+) -> dict[str, int]:
+    """Put each row-wise sparse matmul at its fastest mapping; returns the block sizes found
+    (``plan_blocks`` takes them and searches for the rest). ``narrowest``: each kernel's fewest columns."""
+    found: dict[str, int] = {}
+    chosen: dict[Hashable, Choice | None] = {}  # by shape, region and density: a stack's layers repeat
+    drifts = DRIFTS if placement == "balanced" else (None,)
+    for k, p in zip(program.kernels, pending):
+        if not rowwise(k) or p.sparse is None:
+            continue
+
+        def place(k: Kernel, drift: int | None, p: Pending = p) -> None:
+            _place(program, k, p, placement, drift)
+
+        key = (_signature(k, p), narrowest.get(k.name, 1))
+        if key not in chosen:
+            chosen[key] = search(program, k, narrowest.get(k.name, 1), drifts, place)
+        choice = chosen[key]
+        if choice is None:  # nothing fits: keep the even cut, as placed at first
+            place(k, None)
+            continue
+        k.region = Region(k.region.x, k.region.y, choice.width, k.region.height)
+        place(k, choice.drift)
+        k.attrs.pop("drift", None)
+        if choice.drift is not None:
+            k.attrs["drift"] = choice.drift
+        found[k.name] = choice.rows
     return found
 
 
@@ -72,18 +152,9 @@ def _signature(k: Kernel, p: Pending) -> tuple:
     return (k.attrs["in_features"], k.attrs["out_features"], k.region.width, k.region.height, density)
 
 
-def _arrays(program: DataflowProgram, k: Kernel) -> dict:
-    return {role: program.arrays[name] for role, name in k.arrays.items() if role != "bias"}
-
-
-def _place(program: DataflowProgram, k: Kernel, p: Pending, drift: int | None) -> dict:
+def _place(program: DataflowProgram, k: Kernel, p: Pending, placement: str, drift: int | None) -> None:
     assert p.sparse is not None
-    arrays = place_sparse(p.sparse.weight, p.sparse.mask, k.region.width, k.region.height, "balanced", drift)
-    _install(program, k, arrays)
-    return arrays
-
-
-def _install(program: DataflowProgram, k: Kernel, arrays: dict) -> None:
+    arrays = place_sparse(p.sparse.weight, p.sparse.mask, k.region.width, k.region.height, placement, drift)
     for role, tensor in arrays.items():
         k.arrays[role] = program.add_array(f"{k.name}.{role}", tensor)
     k.stats["imbalance"] = round(imbalance(arrays["nz_ptr"]), 4)
