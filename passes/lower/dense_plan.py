@@ -18,13 +18,13 @@ import torch
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.baseline import dense_program
 from sparsefx.runtime.mesh import MeshSpec
-from sparsefx.runtime.program import DataflowProgram
+from sparsefx.runtime.program import DataflowProgram, Kernel
 
 from .blocks import plan_blocks
 from .builder import Pending
 from .place import max_width, min_width, regions, work
 from .split_streamed import plan_passes
-from .tune import Choice, rowwise, search
+from .tune import Choice, hidden_behind, rowwise, search
 
 __all__ = ["dense_pending", "plan_dense"]
 
@@ -93,22 +93,22 @@ def _tune_widths(program: DataflowProgram, narrowest: dict[str, int]) -> dict[st
     plans = {k.name: k for k in program.kernels}
     chosen: dict[tuple, Choice | None] = {}
     found: dict[str, int] = {}
-    for k in baseline.kernels:
+    ran: dict[str, int] = {}
+    for i, k in enumerate(baseline.kernels):
         if not rowwise(k):
             continue
         b = plans[k.name.rsplit(".dense", 1)[0]]
-        key = (
-            b.attrs["in_features"],
-            b.attrs["out_features"],
-            b.shape,
-            b.dtype,
-            "bias" in b.arrays,
-            k.region,
-        )
-        if key not in chosen:
-            chosen[key] = search(baseline, k, narrowest[b.name], (None,), lambda k, drift: None)
-        choice = chosen[key]
+        hidden = hidden_behind(baseline, i, ran)
+        key = (b.attrs["in_features"], b.attrs["out_features"], b.shape, b.dtype, "bias" in b.arrays)
+        if (key, k.region, hidden) not in chosen:
+            chosen[key, k.region, hidden] = search(baseline, k, narrowest[b.name], (None,), _laid_out, hidden)
+        choice = chosen[key, k.region, hidden]
         if choice is not None:
             b.attrs["dense"]["region"][2] = choice.width
             found[k.name] = choice.rows
+            ran[k.name] = choice.run
     return found
+
+
+def _laid_out(k: Kernel, drift: int | None) -> None:
+    """An all-ones kernel's layout is its geometry (``runtime/layout.py``): nothing to place."""

@@ -7,8 +7,9 @@ travel from kernel to kernel along mesh rows. Kernels differ in width:
   eastward. Each gets the columns its SRAM needs, and the columns left over are shared in
   proportion to work (multiply-accumulates; one per element for ops without a weight).
 - ``streaming``: one kernel at a time, each from column 0 over as much of the mesh as it can use:
-  a matmul takes every column, capped by its outputs. A matmul whose data does not fit the mesh
-  runs in passes (``split_streamed.py``).
+  a matmul takes every column, capped by its outputs, and the lowering then searches narrower widths
+  on the clock (``tune.py``). A matmul whose data does not fit the mesh runs in passes
+  (``split_streamed.py``).
 
     >>> mesh = MeshSpec(8, 4)
     >>> [str(r) for r in regions([1, 1], [100.0, 300.0], mesh, 4, "pipelined")]

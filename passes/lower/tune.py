@@ -7,8 +7,11 @@ more PEs on their way east. On a 757x996 mesh a 768-to-768 layer at 90% has abou
 at full width, and its ranges and offsets come to some 27 MB against 0.35 MB of nonzeros, so the load
 sets its time. The widths tried run from the narrowest whose PEs hold the data up to the kernel's cap,
 doubling (``widths``); once ``WORSE_IN_A_ROW`` widths in a row are slower than the best so far the
-search stops. A streaming kernel's time counts its weight load (``cost.load_cycles``), which cannot
-overlap its own run. In pipelined mode the width is the share ``place.py`` gave.
+search stops. A streaming kernel's time counts the part of its weight load (``cost.load_cycles``)
+that the kernel before it does not hide: a load overlaps the previous kernel's run (timed alone,
+``hidden_behind``) but never its own. On 64x64 the layer norm or GELU before a GPT-2 layer hides
+most of its load and the layers keep the whole mesh; on ``wse2`` nothing hides 27 MB. In pipelined
+mode the width is the share ``place.py`` gave.
 
 **Row cuts** (balanced placement). Cutting every column's nonzeros into equal runs evens out the PEs,
 but a row's inputs then drift off its lane, and each feature that drifted forks up or down the column
@@ -21,7 +24,8 @@ records its limit in ``attrs["drift"]`` (absent: none).
 **Block size**: each mapping is timed at its fastest (``blocks.best_sparse``).
 
 The fastest mapping wins; ties go to the narrower width and the earlier limit. A later kernel of the
-same shape, region and density (the next layer of a stack) takes the first one's mapping untimed. The
+same shape, region and density (the next layer of a stack) takes the first one's width and limit
+untimed; its block size is searched for its own weights (``plan_blocks``). The
 dense baseline gets the same search over widths (``dense_plan.py``), so each side is compared at its own
 best. For example, on a 768-to-768 layer at 90% on a 64x64 mesh the unlimited cut takes about 5,200
 cycles alone and the cut held within 16 features about 3,200::
@@ -35,8 +39,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from sparsefx.runtime.cost import load_cycles
+from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
+from sparsefx.runtime.fast import kernel_alone
 from sparsefx.runtime.layout import weight_bytes
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel, Region
@@ -45,7 +50,7 @@ from .blocks import ROWWISE, WORSE_IN_A_ROW, best_sparse
 from .builder import Pending
 from .place_sparse import place_sparse
 
-__all__ = ["Choice", "DRIFTS", "widths", "search", "tune_sparse", "rowwise"]
+__all__ = ["Choice", "DRIFTS", "widths", "search", "tune_sparse", "rowwise", "hidden_behind"]
 
 DRIFTS: tuple[int | None, ...] = (None, 16, 0)
 """The limits tried, in order of preference."""
@@ -53,13 +58,14 @@ DRIFTS: tuple[int | None, ...] = (None, 16, 0)
 
 @dataclass(frozen=True)
 class Choice:
-    """A sparse matmul's mapping: cycles alone (with its weight load when streaming), width, row-cut
-    limit and block size."""
+    """A sparse matmul's mapping: cycles alone (with its unhidden weight load when streaming), width,
+    row-cut limit, block size, and cycles alone without the load."""
 
     cycles: int
     width: int
     drift: int | None
     rows: int
+    run: int
 
 
 def rowwise(k: Kernel) -> bool:
@@ -82,9 +88,11 @@ def search(
     narrowest: int,
     drifts: Sequence[int | None],
     place: Callable[[Kernel, int | None], None],
+    hidden: int = 0,
 ) -> Choice | None:
     """The fastest mapping of ``k`` (module docstring), or None when none fits. ``place(k, drift)`` lays
-    out its data on ``k.region`` as it stands. Leaves ``k`` at its starting region, laid out as last tried."""
+    out its data on ``k.region`` as it stands; ``hidden``: cycles of its load the kernel before hides.
+    Leaves ``k`` at its starting region, laid out as last tried."""
     start = k.region
     tried = widths(narrowest, start.width) if program.mode == "streaming" else [start.width]
     best: Choice | None = None
@@ -99,9 +107,9 @@ def search(
                 continue
             cycles = timed[0]
             if program.mode == "streaming":
-                cycles += load_cycles(weight_bytes(program, k), program.hardware)
+                cycles += max(0, load_cycles(weight_bytes(program, k), program.hardware) - hidden)
             if here is None or cycles < here.cycles:
-                here = Choice(cycles, w, drift, timed[1])
+                here = Choice(cycles, w, drift, timed[1], timed[0])
         if here is None:
             continue
         if best is None or here.cycles < best.cycles:
@@ -120,18 +128,21 @@ def tune_sparse(
     """Put each row-wise sparse matmul at its fastest mapping; returns the block sizes found
     (``plan_blocks`` takes them and searches for the rest). ``narrowest``: each kernel's fewest columns."""
     found: dict[str, int] = {}
+    ran: dict[str, int] = {}  # the tuned kernels' cycles alone
     chosen: dict[Hashable, Choice | None] = {}  # by shape, region and density: a stack's layers repeat
     drifts = DRIFTS if placement == "balanced" else (None,)
-    for k, p in zip(program.kernels, pending):
+    for i, (k, p) in enumerate(zip(program.kernels, pending)):
         if not rowwise(k) or p.sparse is None:
             continue
 
         def place(k: Kernel, drift: int | None, p: Pending = p) -> None:
             _place(program, k, p, placement, drift)
 
-        key = (_signature(k, p), narrowest.get(k.name, 1))
-        if key not in chosen:
-            chosen[key] = search(program, k, narrowest.get(k.name, 1), drifts, place)
+        hidden = hidden_behind(program, i, ran)
+        key = (_signature(k, p), narrowest.get(k.name, 1), hidden)
+        timed = key not in chosen
+        if timed:
+            chosen[key] = search(program, k, narrowest.get(k.name, 1), drifts, place, hidden)
         choice = chosen[key]
         if choice is None:  # nothing fits: keep the even cut, as placed at first
             place(k, None)
@@ -141,8 +152,29 @@ def tune_sparse(
         k.attrs.pop("drift", None)
         if choice.drift is not None:
             k.attrs["drift"] = choice.drift
-        found[k.name] = choice.rows
+        if timed:  # a repeat's own weights may want another block size: plan_blocks searches it
+            found[k.name] = choice.rows
+        ran[k.name] = choice.run
     return found
+
+
+def hidden_behind(program: DataflowProgram, i: int, ran: dict[str, int]) -> int:
+    """Streaming: cycles of kernel ``i``'s load that the kernel before it hides (its time alone: from
+    ``ran`` if tuned already, else timed with all its rows in one block; 0 for the first kernel)."""
+    if program.mode != "streaming" or i == 0:
+        return 0
+    before = program.kernels[i - 1]
+    if before.name in ran:
+        return ran[before.name]
+    attrs = before.attrs
+    unset = "rows_in_flight" not in attrs
+    if unset:
+        attrs["rows_in_flight"] = max(rows_of(before.shape), 1)
+    try:
+        return kernel_alone(program, before).end
+    finally:
+        if unset:
+            attrs.pop("rows_in_flight")
 
 
 def _signature(k: Kernel, p: Pending) -> tuple:
