@@ -64,7 +64,8 @@ def run(
     executor: str = "fast",
     device: str | torch.device | None = None,
 ) -> RunResult:
-    """Run ``program`` on ``inputs`` (module docstring); ``device`` holds the values (CPU by default)."""
+    """Run ``program`` on ``inputs`` (module docstring); ``device`` holds the values (CPU by default).
+    The clock runs on the CPU whatever ``device`` is: only the evaluation moves."""
     if executor not in EXECUTORS:
         raise EmulationError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
     activity = _Activity()
