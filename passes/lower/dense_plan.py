@@ -2,11 +2,12 @@
 
 ``plan_dense`` sizes the regions again with dense weights (``place.py``: SRAM minimum, a share of
 the spare columns by work, the same caps), then picks the dense kernels' block sizes with the same
-search as the real program (``blocks.py``) and, in weight-streaming mode, their widths (``tune.py``). It writes ``attrs["dense"] = {"region", "passes",
-"rows_in_flight"}`` on every kernel; ``runtime/baseline.py`` builds the dense program from them. In
-weight-streaming mode a dense matmul whose data needs more columns than the mesh has runs in
-``passes`` over slices of its outputs, as the real lowering does. A dense model that cannot be placed
-layer-pipelined is recorded in ``program.meta["dense_unavailable"]`` with the reason.
+search as the real program (``blocks.py``) and, in weight-streaming mode, their widths
+(``tune.py``). It writes ``attrs["dense"] = {"region", "passes", "rows_in_flight"}`` on every
+kernel; ``runtime/baseline.py`` builds the dense program from them. In weight-streaming mode a dense
+matmul whose data needs more columns than the mesh has runs in ``passes`` over slices of its outputs,
+as the real lowering does. A dense model that cannot be placed layer-pipelined is recorded in
+``program.meta["dense_unavailable"]`` with the reason.
 """
 
 from __future__ import annotations
