@@ -103,7 +103,13 @@ def program_for(
     config = {"algorithm": "static", "sparsity": sparsity, "param_filter": LINEAR}
     t0 = time.perf_counter()
     sm = sparsefx.compile(model, config, (ids,))
-    program = sparsefx.lower(sm, (ids,), mesh=mesh, mode=mode, placement=placement)
+    what = f"lowering s={sparsity} onto {mesh}"
+    with console.status(what) as status:  # plan-blocks times each layer on the clock: minutes on wse2
+
+        def on_kernel(name: str, done: int, total: int) -> None:
+            status.update(f"{what}: timing {name} ({done + 1}/{total})")
+
+        program = sparsefx.lower(sm, (ids,), mesh=mesh, mode=mode, placement=placement, on_kernel=on_kernel)
     console.print(
         f"  lowered s={sparsity} onto {mesh} ({mode}, {placement}) in {time.perf_counter() - t0:.0f} s"
     )

@@ -44,13 +44,15 @@ def lower(
     *,
     debug: bool = False,
     on_step: Callable[[str], None] | None = None,
+    on_kernel: Callable[[str, int, int], None] | None = None,
 ) -> DataflowProgram:
     """Lower ``sm`` for a call with ``example_inputs`` (a tensor, a tuple of args or a dict of kwargs).
 
     ``mesh`` is ``(width, height)``, ``"WxH"``, a ``MeshSpec`` or a preset name (``wse2``, ``wse3``,
     ``tiny``, ``small``, ``medium``); ``mode`` ``"pipelined"`` or ``"streaming"``; ``placement``
     ``"block"`` or ``"balanced"``; ``hardware`` a ``HardwareSpec`` or a preset name.
-    ``on_step(name)`` is called before each lowering step (for progress bars).
+    ``on_step(name)`` is called before each lowering step and ``on_kernel(name, done, total)`` before
+    each sparse matmul a step times on the clock (for progress bars).
     """
     if not isinstance(sm, SparseModel):
         raise LoweringError(
@@ -70,6 +72,7 @@ def lower(
         skip=is_guard_check,
         debug=debug,
         on_step=on_step,
+        on_kernel=on_kernel,
     )
     written = program.meta.get("state_not_updated")
     if written:

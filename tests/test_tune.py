@@ -155,3 +155,24 @@ def test_streaming_widths_are_timed_with_their_weight_load() -> None:
         assert chosen <= _at_width(program, k, weight, mask, caps[k.name], hidden), k.name
     pipelined = sparsefx.lower(sm, (x,), mesh=(64, 64), mode="pipelined")  # shares the mesh: not tuned
     assert sum(k.region.width for k in pipelined.kernels) == 64
+
+
+def test_lowering_reports_each_kernel_it_times() -> None:
+    """``on_kernel(name, done, total)`` fires before each sparse matmul is tuned, in order, then before
+    each of the dense baseline's (streaming: its widths are searched too)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    x = torch.randn(8, 32)
+    sm = sparsefx.compile(model, 0.9, (x,))
+    calls: list[tuple[str, int, int]] = []
+    steps: list[str] = []
+    program = sparsefx.lower(
+        sm,
+        (x,),
+        mesh=(16, 16),
+        mode="streaming",
+        on_step=steps.append,
+        on_kernel=lambda *call: calls.append((*call, steps[-1])),
+    )
+    sparse = [k.name for k in program.kernels if k.op == "sparse_matmul"]
+    assert calls == [(n, i, 2, "plan-blocks") for i, n in enumerate(sparse)] * 2  # sparse, then dense

@@ -40,13 +40,16 @@ def lower_graph(
     skip: Callable[[fx.Node], bool] | None = None,
     debug: bool = False,
     on_step: Callable[[str], None] | None = None,
+    on_kernel: Callable[[str, int, int], None] | None = None,
 ) -> DataflowProgram:
     """Lower ``graph`` called with ``args``/``kwargs`` (run in eval mode, no grad).
 
     ``mesh`` is ``(width, height)``, ``"WxH"``, a ``MeshSpec`` or a preset name; ``hardware`` a
     ``HardwareSpec`` or a preset name (default: the mesh preset's, else WSE-2). ``skip(node)`` names
     nodes that compute nothing the program needs (an exported graph's guard check). ``on_step(name)``
-    is called before each step (progress bars).
+    is called before each step and ``on_kernel(name, done, total)`` before each sparse matmul that
+    ``plan-blocks`` times (``done`` of ``total`` timed so far; the dense baseline's ``.dense`` kernels
+    count on their own): progress bars.
     """
     if mode not in MODES:
         raise LoweringError(f"mode {mode!r} is not valid; use one of {', '.join(MODES)}")
@@ -57,6 +60,7 @@ def lower_graph(
     hw = hardware_spec(hardware if hardware is not None else preset)
     state = steps.LoweringState(graph, args, kwargs, target, hw, mode, placement)
     state.meta["skip"] = skip
+    state.meta["on_kernel"] = on_kernel
     passes = [_Announce(s, on_step) for s in steps.STEPS] if on_step else list(steps.STEPS)
     manager = PassManager(passes, debug=debug, text=steps.text, verify=lambda s: None, label="lower")
     manager(state)

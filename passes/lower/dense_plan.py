@@ -25,7 +25,7 @@ from .blocks import plan_blocks
 from .builder import Pending
 from .place import max_width, min_width, regions, work
 from .split_streamed import plan_passes
-from .tune import Choice, hidden_behind, rowwise, search
+from .tune import Choice, Report, hidden_behind, rowwise, search
 
 __all__ = ["dense_pending", "plan_dense"]
 
@@ -57,8 +57,10 @@ def _width(p: Pending, lanes: int, sram: int, mesh: MeshSpec, mode: str) -> tupl
     return min(max(needs), mesh.width), len(pieces) - 1
 
 
-def plan_dense(program: DataflowProgram, pending: list[Pending], lanes: int) -> None:
-    """Write the dense plan onto ``program``'s kernels (module docstring)."""
+def plan_dense(
+    program: DataflowProgram, pending: list[Pending], lanes: int, report: Report | None = None
+) -> None:
+    """Write the dense plan onto ``program``'s kernels (module docstring); ``report`` as ``tune_sparse``'s."""
     mesh, sram = program.mesh, program.hardware.sram_bytes
     dense = [dense_pending(p) for p in pending]
     sized = [_width(p, lanes, sram, mesh, program.mode) for p in dense]
@@ -75,7 +77,7 @@ def plan_dense(program: DataflowProgram, pending: list[Pending], lanes: int) -> 
         return
     for k, r, (_, passes) in zip(program.kernels, regs, sized):
         k.attrs["dense"] = {"region": [r.x, r.y, r.width, r.height], "passes": passes}
-    found = _tune_widths(program, {k.name: w for k, w in zip(program.kernels, widths)})
+    found = _tune_widths(program, {k.name: w for k, w in zip(program.kernels, widths)}, report)
     baseline = dense_program(program)
     assert baseline is not None
     plan_blocks(baseline, found)
@@ -85,7 +87,9 @@ def plan_dense(program: DataflowProgram, pending: list[Pending], lanes: int) -> 
             program.kernel(name).attrs["dense"]["rows_in_flight"] = k.attrs["rows_in_flight"]
 
 
-def _tune_widths(program: DataflowProgram, narrowest: dict[str, int]) -> dict[str, int]:
+def _tune_widths(
+    program: DataflowProgram, narrowest: dict[str, int], report: Report | None
+) -> dict[str, int]:
     """Streaming: each dense matmul at its own best width (``tune.py``), written into its plan; returns
     the block sizes found. The passes of one matmul, and the layers of a stack, take the first one's."""
     baseline = dense_program(program)
@@ -95,9 +99,11 @@ def _tune_widths(program: DataflowProgram, narrowest: dict[str, int]) -> dict[st
     chosen: dict[tuple, Choice | None] = {}
     found: dict[str, int] = {}
     ran: dict[str, int] = {}
-    for i, k in enumerate(baseline.kernels):
-        if not rowwise(k):
-            continue
+    tuned = [i for i, k in enumerate(baseline.kernels) if rowwise(k)]
+    for done, i in enumerate(tuned):
+        k = baseline.kernels[i]
+        if report is not None:
+            report(k.name, done, len(tuned))
         b = plans[k.name.rsplit(".dense", 1)[0]]
         hidden = hidden_behind(baseline, i, ran)
         key = (b.attrs["in_features"], b.attrs["out_features"], b.shape, b.dtype, "bias" in b.arrays)

@@ -214,9 +214,10 @@ class PlanBlocks:
         program = state.program
         assert program is not None
         narrowest = {p.name: w for p, w in zip(state.pending, state.widths)}
-        found = tune_sparse(program, state.pending, narrowest, state.placement)
+        report = state.meta.get("on_kernel")
+        found = tune_sparse(program, state.pending, narrowest, state.placement, report)
         plan_blocks(program, found)
-        plan_dense(state.program, state.pending, state.meta["lanes"])
+        plan_dense(program, state.pending, state.meta["lanes"], report)
         return PassResult(state, True)  # type: ignore[arg-type]
 
 

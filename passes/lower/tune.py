@@ -50,10 +50,13 @@ from .blocks import ROWWISE, WORSE_IN_A_ROW, best_sparse
 from .builder import Pending
 from .place_sparse import place_sparse
 
-__all__ = ["Choice", "DRIFTS", "widths", "search", "tune_sparse", "rowwise", "hidden_behind"]
+__all__ = ["Choice", "DRIFTS", "Report", "widths", "search", "tune_sparse", "rowwise", "hidden_behind"]
 
 DRIFTS: tuple[int | None, ...] = (None, 16, 0)
 """The limits tried, in order of preference."""
+
+Report = Callable[[str, int, int], None]
+"""``report(kernel name, kernels done, kernels in all)``: progress through a tuning loop."""
 
 
 @dataclass(frozen=True)
@@ -123,17 +126,26 @@ def search(
 
 
 def tune_sparse(
-    program: DataflowProgram, pending: list[Pending], narrowest: dict[str, int], placement: str
+    program: DataflowProgram,
+    pending: list[Pending],
+    narrowest: dict[str, int],
+    placement: str,
+    report: Report | None = None,
 ) -> dict[str, int]:
     """Put each row-wise sparse matmul at its fastest mapping; returns the block sizes found
-    (``plan_blocks`` takes them and searches for the rest). ``narrowest``: each kernel's fewest columns."""
+    (``plan_blocks`` takes them and searches for the rest). ``narrowest``: each kernel's fewest columns;
+    ``report(name, done, total)`` is called before each kernel (progress)."""
     found: dict[str, int] = {}
     ran: dict[str, int] = {}  # the tuned kernels' cycles alone
     chosen: dict[Hashable, Choice | None] = {}  # by shape, region and density: a stack's layers repeat
     drifts = DRIFTS if placement == "balanced" else (None,)
-    for i, (k, p) in enumerate(zip(program.kernels, pending)):
-        if not rowwise(k) or p.sparse is None:
-            continue
+    tuned = [
+        i for i, (k, p) in enumerate(zip(program.kernels, pending)) if rowwise(k) and p.sparse is not None
+    ]
+    for done, i in enumerate(tuned):
+        k, p = program.kernels[i], pending[i]
+        if report is not None:
+            report(k.name, done, len(tuned))
 
         def place(k: Kernel, drift: int | None, p: Pending = p) -> None:
             _place(program, k, p, placement, drift)

@@ -91,6 +91,9 @@ def _lower_with_progress(sm: sparsefx.SparseModel, inputs: object, args: argpars
         def on_step(name: str) -> None:
             progress.update(task, description=name, completed=STEPS.index(name) if name in STEPS else 0)
 
+        def on_kernel(name: str, done: int, total: int) -> None:  # plan-blocks times kernels one by one
+            progress.update(task, description=f"plan-blocks: {name} ({done + 1}/{total})")
+
         program = sparsefx.lower(
             sm,
             inputs,
@@ -99,6 +102,7 @@ def _lower_with_progress(sm: sparsefx.SparseModel, inputs: object, args: argpars
             placement=args.placement,
             hardware=args.hardware,
             on_step=on_step,
+            on_kernel=on_kernel,
         )
         progress.update(task, completed=len(STEPS))
     return program
