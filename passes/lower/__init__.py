@@ -48,8 +48,8 @@ def lower_graph(
     ``HardwareSpec`` or a preset name (default: the mesh preset's, else WSE-2). ``skip(node)`` names
     nodes that compute nothing the program needs (an exported graph's guard check). ``on_step(name)``
     is called before each step and ``on_kernel(name, done, total)`` before each sparse matmul that
-    ``plan-blocks`` times (``done`` of ``total`` timed so far; the dense baseline's ``.dense`` kernels
-    count on their own): progress bars.
+    ``plan-blocks`` times (``done`` of ``total`` timed so far; the dense baseline's, named
+    ``"<kernel> (dense baseline)"``, count on their own): progress bars.
     """
     if mode not in MODES:
         raise LoweringError(f"mode {mode!r} is not valid; use one of {', '.join(MODES)}")

@@ -103,7 +103,7 @@ def _tune_widths(
     for done, i in enumerate(tuned):
         k = baseline.kernels[i]
         if report is not None:
-            report(k.name, done, len(tuned))
+            report(f"{k.name} (dense baseline)", done, len(tuned))
         b = plans[k.name.rsplit(".dense", 1)[0]]
         hidden = hidden_behind(baseline, i, ran)
         key = (b.attrs["in_features"], b.attrs["out_features"], b.shape, b.dtype, "bias" in b.arrays)
