@@ -178,3 +178,21 @@ def test_lowering_reports_each_kernel_it_times() -> None:
     assert calls == [(n, i, 2, "plan-blocks") for i, n in enumerate(sparse)] + [
         (f"{n} (dense baseline)", i, 2, "plan-blocks") for i, n in enumerate(sparse)
     ]
+
+
+def test_a_wider_mesh_leaves_a_streaming_program_that_cannot_use_it_alone() -> None:
+    """Cost grows with the work, not with idle PEs: on a mesh 16x as wide every matmul keeps its width
+    and every kernel its cycles; the run is longer only by the hops its outputs take to the east edge."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    sm = sparsefx.compile(model, 0.9, (x,))
+    runs = {}
+    for width in (64, 1024):
+        program = sparsefx.lower(sm, (x,), mesh=(width, 64), mode="streaming")
+        stats = sparsefx.run(program, (x,)).stats
+        regions = [(k.name, k.region, k.attrs.get("dense")) for k in program.kernels]
+        runs[width] = regions, [(k.name, k.cycles) for k in stats.kernels], stats.cycles
+    (narrow, narrow_kernels, narrow_cycles), (wide, wide_kernels, wide_cycles) = runs[64], runs[1024]
+    assert narrow == wide and narrow_kernels == wide_kernels
+    assert wide_cycles - narrow_cycles == (1024 - 64) * program.hardware.hop_cycles
