@@ -25,7 +25,8 @@ records its limit in ``attrs["drift"]`` (absent: none).
 
 The fastest mapping wins; ties go to the narrower width and the earlier limit. A later kernel of the
 same shape, region and density (the next layer of a stack) takes the first one's width and limit
-untimed; its block size is searched for its own weights (``plan_blocks``). The
+untimed, and with balanced placement its block size too (a balanced cut spreads any layer's nonzeros
+alike; a block placement's imbalance follows each layer's mask, so ``plan_blocks`` searches it). The
 dense baseline gets the same search over widths (``dense_plan.py``), so each side is compared at its own
 best. For example, on a 768-to-768 layer at 90% on a 64x64 mesh the unlimited cut takes about 5,200
 cycles alone and the cut held within 16 features about 3,200::
@@ -37,7 +38,8 @@ cycles alone and the cut held within 16 features about 3,200::
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
@@ -62,13 +64,14 @@ Report = Callable[[str, int, int], None]
 @dataclass(frozen=True)
 class Choice:
     """A sparse matmul's mapping: cycles alone (with its unhidden weight load when streaming), width,
-    row-cut limit, block size, and cycles alone without the load."""
+    row-cut limit, block size, cycles alone without the load, and what ``place`` returned for it."""
 
     cycles: int
     width: int
     drift: int | None
     rows: int
     run: int
+    layout: Any = field(default=None, compare=False, repr=False)
 
 
 def rowwise(k: Kernel) -> bool:
@@ -90,12 +93,13 @@ def search(
     k: Kernel,
     narrowest: int,
     drifts: Sequence[int | None],
-    place: Callable[[Kernel, int | None], None],
+    place: Callable[[Kernel, int | None], Any],
     hidden: int = 0,
 ) -> Choice | None:
     """The fastest mapping of ``k`` (module docstring), or None when none fits. ``place(k, drift)`` lays
-    out its data on ``k.region`` as it stands; ``hidden``: cycles of its load the kernel before hides.
-    Leaves ``k`` at its starting region, laid out as last tried."""
+    out its data on ``k.region`` as it stands and returns the layout (kept in the choice); ``hidden``:
+    cycles of its load the kernel before hides. Leaves ``k`` at its starting region, laid out as last
+    tried."""
     start = k.region
     tried = widths(narrowest, start.width) if program.mode == "streaming" else [start.width]
     best: Choice | None = None
@@ -104,7 +108,7 @@ def search(
         k.region = Region(start.x, start.y, w, start.height)
         here: Choice | None = None
         for drift in drifts:
-            place(k, drift)
+            laid = place(k, drift)
             timed = best_sparse(program, k)
             if timed is None:
                 continue
@@ -112,7 +116,7 @@ def search(
             if program.mode == "streaming":
                 cycles += max(0, load_cycles(weight_bytes(program, k), program.hardware) - hidden)
             if here is None or cycles < here.cycles:
-                here = Choice(cycles, w, drift, timed[1], timed[0])
+                here = Choice(cycles, w, drift, timed[1], timed[0], laid)
         if here is None:
             continue
         if best is None or here.cycles < best.cycles:
@@ -147,25 +151,40 @@ def tune_sparse(
         if report is not None:
             report(k.name, done, len(tuned))
 
-        def place(k: Kernel, drift: int | None, p: Pending = p) -> None:
-            _place(program, k, p, placement, drift)
+        as_placed = (k.region.width, None)  # place-data's layout: no limit, at the starting width
+        placed = {role: program.arrays[name] for role, name in k.arrays.items() if role != "bias"}
+
+        def place(
+            k: Kernel, drift: int | None, p: Pending = p, placed: dict = placed, at: tuple = as_placed
+        ) -> dict:
+            if (k.region.width, drift) == at:
+                arrays = placed
+            else:
+                w, h = k.region.width, k.region.height
+                arrays = place_sparse(p.sparse.weight, p.sparse.mask, w, h, placement, drift)
+            _install(program, k, arrays)
+            return arrays
 
         hidden = hidden_behind(program, i, ran)
         key = (_signature(k, p), narrowest.get(k.name, 1), hidden)
         timed = key not in chosen
-        if timed:
+        if timed:  # leaves k laid out as it was last tried
             chosen[key] = search(program, k, narrowest.get(k.name, 1), drifts, place, hidden)
         choice = chosen[key]
-        if choice is None:  # nothing fits: keep the even cut, as placed at first
-            place(k, None)
+        if choice is None:  # nothing fits: keep the even cut
+            _install(program, k, placed)
             continue
-        k.region = Region(k.region.x, k.region.y, choice.width, k.region.height)
-        place(k, choice.drift)
+        if timed:  # the layout the search kept
+            k.region = Region(k.region.x, k.region.y, choice.width, k.region.height)
+            _install(program, k, choice.layout)
+        elif (choice.width, choice.drift) != as_placed:  # a repeat: its own weights, the first one's mapping
+            k.region = Region(k.region.x, k.region.y, choice.width, k.region.height)
+            place(k, choice.drift)
         k.attrs.pop("drift", None)
         if choice.drift is not None:
             k.attrs["drift"] = choice.drift
-        if timed:  # a repeat's own weights may want another block size: plan_blocks searches it
-            found[k.name] = choice.rows
+        if timed or placement == "balanced":  # a balanced cut spreads any layer's nonzeros alike; a
+            found[k.name] = choice.rows  # block placement's imbalance follows each layer's own mask
         ran[k.name] = choice.run
     return found
 
@@ -196,9 +215,7 @@ def _signature(k: Kernel, p: Pending) -> tuple:
     return (k.attrs["in_features"], k.attrs["out_features"], k.region.width, k.region.height, density)
 
 
-def _place(program: DataflowProgram, k: Kernel, p: Pending, placement: str, drift: int | None) -> None:
-    assert p.sparse is not None
-    arrays = place_sparse(p.sparse.weight, p.sparse.mask, k.region.width, k.region.height, placement, drift)
+def _install(program: DataflowProgram, k: Kernel, arrays: dict) -> None:
     for role, tensor in arrays.items():
         k.arrays[role] = program.add_array(f"{k.name}.{role}", tensor)
     k.stats["imbalance"] = round(imbalance(arrays["nz_ptr"]), 4)
