@@ -92,9 +92,10 @@ def _tune_widths(
 ) -> dict[str, int]:
     """Streaming: each dense matmul at its own best width (``tune.py``), written into its plan; returns
     the block sizes found. The passes of one matmul, and the layers of a stack, take the first one's."""
-    baseline = dense_program(program)
-    if baseline is None or program.mode != "streaming":
+    if program.mode != "streaming":
         return {}
+    baseline = dense_program(program)
+    assert baseline is not None  # every kernel has its plan
     plans = {k.name: k for k in program.kernels}
     chosen: dict[tuple, Choice | None] = {}
     found: dict[str, int] = {}
