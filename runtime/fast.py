@@ -325,11 +325,13 @@ class _Clock:
         program: DataflowProgram,
         activity: Mapping[str, torch.Tensor] | None,
         layouts: Mapping[str, Layout] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.p = program
+        self.device = device  # None: the CPU, outside any ``torch.device`` context
         self.layouts = layouts or {}
         self.hw = program.hardware
-        self.activity = activity or {}
+        self.activity = {n: a.to(device or "cpu") for n, a in (activity or {}).items()}
         self.flows: dict[str, Flow] = {
             s.name: _host_flow(program, s.name, s.shape, s.dtype) for s in program.inputs
         }
@@ -341,8 +343,19 @@ class _Clock:
         self.reuse = REUSE  # keep and reuse kernel timings (``situation``)
 
     def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
-        """``build()`` once per kernel structure and ``key``: what depends on the program, not the inputs."""
-        return kept_for(self.p, k, key, build)
+        """``build()`` once per kernel structure, ``key`` and device: what depends on the program, not
+        the inputs."""
+        if self.device is None:
+            return kept_for(self.p, k, key, build)
+        return kept_for(self.p, k, (*key, str(self.device)), lambda: _to(build(), self.device))
+
+    def _on_host(self, fn: Callable[[DataflowProgram, Kernel], Any], k: Kernel) -> Any:
+        """``fn(program, k)`` where the program's arrays are (the CPU), whatever device the clock is on;
+        ``_kept`` moves the result."""
+        if self.device is None:
+            return fn(self.p, k)
+        with torch.device("cpu"):
+            return fn(self.p, k)
 
     # -- arrivals -------------------------------------------------------------------------------------
 
@@ -519,7 +532,7 @@ class _Clock:
 
     def _sparse(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
-        s = self.layouts.get(k.name) or self._kept(k, ("layout",), lambda: layout(self.p, k))
+        s = self.layouts.get(k.name) or self._kept(k, ("layout",), lambda: self._on_host(layout, k))
         b, blocks, sizes, wave_out = self._blocks(k)
         pe, col, x, y = self._kept(k, ("pairs",), lambda: self._pairs(k, s))
         count = s.counts  # nonzeros of each (PE, column)
@@ -772,6 +785,7 @@ class _Clock:
 def _digest(t: torch.Tensor) -> tuple:
     """A tensor's shape, dtype and a 160-bit digest of its bytes: a key for ``kept``."""
     data = t.contiguous().view(torch.uint8) if t.dtype == torch.bool else t.contiguous()
+    data = data.cpu()
     return tuple(t.shape), str(t.dtype), hashlib.blake2b(data.numpy().tobytes(), digest_size=20).digest()
 
 
@@ -928,9 +942,25 @@ def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
     return padded.reshape(blocks, b, -1).any(dim=1)
 
 
-def simulate(program: DataflowProgram, activity: Mapping[str, torch.Tensor] | None = None) -> Timeline:
-    """Time ``program`` (module docstring); ``activity[kernel]`` is ``[rows, in_features]`` bool."""
-    clock = _Clock(program, activity)
+def simulate(
+    program: DataflowProgram,
+    activity: Mapping[str, torch.Tensor] | None = None,
+    device: str | torch.device | None = None,
+) -> Timeline:
+    """Time ``program`` (module docstring); ``activity[kernel]`` is ``[rows, in_features]`` bool.
+
+    ``device`` runs the clock's tensors there (CPU by default): every tensor it makes is made there,
+    and the program's arrays and ``activity`` are moved there once. The timeline comes back on the
+    CPU, the same cycle for cycle wherever it ran."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type == "cpu":
+        return _simulate(_Clock(program, activity))
+    with dev:  # factory calls (``torch.arange``, ``torch.zeros``...) make their tensors on ``dev``
+        return _on_cpu(_simulate(_Clock(program, activity, device=dev)))
+
+
+def _simulate(clock: _Clock) -> Timeline:
+    program = clock.p
     kernels = [clock.time(k) for k in program.kernels]
     done: dict[str, int] = {}
     hw, mesh = program.hardware, program.mesh
@@ -942,6 +972,33 @@ def simulate(program: DataflowProgram, activity: Mapping[str, torch.Tensor] | No
         done[name] = flow.done + hops * hw.hop_cycles
     cycles = max([kt.end for kt in kernels] + list(done.values()) + [0])
     return Timeline(kernels, clock.flows, cycles, done)
+
+
+def _to(tree: Any, device: torch.device) -> Any:
+    """``tree`` (a tensor, or tuples, lists and dataclasses of them) with its tensors on ``device``."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_to(t, device) for t in tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        moved = {f.name: _to(getattr(tree, f.name), device) for f in dataclasses.fields(tree) if f.init}
+        return dataclasses.replace(tree, **moved)
+    return tree
+
+
+def _on_cpu(timeline: Timeline) -> Timeline:
+    """A timeline whose tensors are on the CPU, for the stats: kernels' busy cycles and link loads, and
+    the flows' ready times and wavelets (their cached departures are left behind)."""
+    cpu = torch.device("cpu")
+    kernels = [
+        dataclasses.replace(kt, busy=kt.busy.cpu(), overhead=kt.overhead.cpu(), bus=_to(kt.bus, cpu))
+        for kt in timeline.kernels
+    ]
+    flows = {
+        n: dataclasses.replace(f, wave=f.wave.cpu(), ready=f.ready.cpu(), _departs={}, _shared={})
+        for n, f in timeline.flows.items()
+    }
+    return dataclasses.replace(timeline, kernels=kernels, flows=flows)
 
 
 def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = None) -> int:

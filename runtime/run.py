@@ -55,7 +55,7 @@ class _Activity:
     def __call__(self, k: Kernel, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
         if k.op != "sparse_matmul" or k.attrs.get("kind") not in ("linear", "addmm", "matmul"):
             return
-        self.seen[k.name] = (inputs[0].reshape(-1, int(k.attrs["in_features"])) != 0).cpu()
+        self.seen[k.name] = inputs[0].reshape(-1, int(k.attrs["in_features"])) != 0  # where it was computed
 
 
 def run(
@@ -64,10 +64,12 @@ def run(
     executor: str = "fast",
     device: str | torch.device | None = None,
 ) -> RunResult:
-    """Run ``program`` on ``inputs`` (module docstring); ``device`` holds the values (CPU by default).
-    The clock runs on the CPU whatever ``device`` is: only the evaluation moves."""
+    """Run ``program`` on ``inputs`` (module docstring). ``device`` (CPU by default) holds the fast
+    executor's values and runs its clock; the stats come back on the CPU, the same wherever they ran.
+    The reference executor runs on the CPU and moves only its outputs to ``device``."""
     if executor not in EXECUTORS:
         raise EmulationError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
+    device = _device(device)
     activity = _Activity()
     if executor == "reference":
         outputs, timeline = execute(program, inputs)
@@ -76,16 +78,36 @@ def run(
         evaluate(program, inputs, None, listener=activity)  # the activity the dense baseline sees
     else:
         outputs = evaluate(program, inputs, device, listener=activity)
-        timeline = simulate(program, activity.seen)
+        timeline = simulate(program, activity.seen, device)
     stats = collect(program, timeline, executor)
     dense = dense_program(program)
     if dense is None:
         stats.dense_unavailable = unavailable(program)
     else:
-        timed = simulate(dense, dense_activity(activity.seen, dense))
+        clock = device if executor == "fast" else None
+        timed = simulate(dense, dense_activity(activity.seen, dense), clock)
         baseline = collect(dense, timed, executor, mesh_detail=False)  # compare reads cycles and parts
         stats.dense = compare(program, stats, baseline)
     return RunResult(outputs, stats)
+
+
+def _device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a ``torch.device``, checked: an ``EmulationError`` names a bad or absent one."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        valid = "'cpu', 'cuda', 'cuda:1'..."
+        raise EmulationError(f"device {device!r} is not a torch device (valid: {valid})") from exc
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError, AttributeError) as exc:  # no such device here
+        raise EmulationError(
+            f"device {device!r} is not available here ({str(exc).splitlines()[0].split('. ')[0]}); "
+            "'cpu' always is"
+        ) from exc
+    return dev
 
 
 def _to(tree: Any, device: torch.device) -> Any:

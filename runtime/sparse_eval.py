@@ -208,7 +208,7 @@ def _merge(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     feature, output = torch.cat(features), torch.cat(outputs)
     order = torch.argsort(output, stable=True)  # PE-major, input order within a PE: kept per output
     index = torch.int32 if max(s.in_features, len(feature)) < 2**31 else torch.int64
-    crow = torch.zeros(s.out_features + 1, dtype=index)
+    crow = torch.zeros(s.out_features + 1, dtype=index, device=output.device)
     torch.cumsum(torch.bincount(output, minlength=s.out_features), 0, out=crow[1:])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Ss]parse.*")

@@ -36,7 +36,8 @@ __all__ = ["add_parser", "cmd_run", "load_inputs"]
 def add_parser(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> argparse.ArgumentParser:
-    """Register ``run PROGRAM [--inputs FILE] [--executor] [--format] [--json] [--heatmap] [--trace]``."""
+    """Register ``run PROGRAM [--inputs FILE] [--executor] [--device] [--format] [--json] [--heatmap]
+    [--trace]``."""
     parser = sub.add_parser(
         "run",
         parents=[common],
@@ -50,6 +51,9 @@ def add_parser(
         "--inputs", metavar="FILE", help="safetensors file with one tensor per program input, by name"
     )
     parser.add_argument("--executor", choices=("fast", "reference"), default="fast", help="default fast")
+    parser.add_argument(
+        "--device", help="where the fast executor's values and clock run: cpu (default), cuda, cuda:1..."
+    )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="stdout format")
     parser.add_argument("-o", "--json", metavar="PATH", help="also write the JSON report to PATH")
     parser.add_argument("--heatmap", metavar="PNG", help="draw busy cycles per PE (needs the plot extra)")
@@ -73,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         program.verify()
         inputs = load_inputs(args.inputs) if args.inputs else random_inputs(program, args.seed)
         status(f"running {args.program} ({args.executor} executor)")
-        result = sparsefx.run(program, inputs, executor=args.executor)
+        result = sparsefx.run(program, inputs, executor=args.executor, device=args.device)
         stats = result.stats
         data = report_data(stats, program) | {"program_file": args.program}
         written = []
@@ -125,7 +129,8 @@ def _describe(inputs: Any, args: argparse.Namespace) -> str:
         f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in inputs.items()
     )
     source = f"from {args.inputs}" if args.inputs else f"random, seed {args.seed}"
-    return f"{args.executor} executor on inputs {shapes} ({source})"
+    where = f" on {args.device}" if args.device else ""
+    return f"{args.executor} executor{where}, inputs {shapes} ({source})"
 
 
 @contextlib.contextmanager
