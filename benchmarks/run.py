@@ -48,6 +48,7 @@ import gc
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -129,21 +130,31 @@ _LOWERED: dict[str, sparsefx.DataflowProgram] = {}
 def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     model, ids = gpt(args.layers, args.vocab)  # the original module: compile prunes its own copy
     p64 = program_for(args, TARGET_SPARSITY, "64x64")
+    dev = torch.device(args.device)
+    model = model.to(dev)  # the dense forward runs where the executor does
 
     def new() -> tuple[torch.Tensor]:  # every call sees new token ids
-        return (torch.randint(0, args.vocab, ids.shape),)
+        return (torch.randint(0, args.vocab, ids.shape, device=dev),)
+
+    def on(fn: Callable[[], Any]) -> Callable[[], None]:
+        def call() -> None:  # timed until the device has finished
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+
+        return call
 
     fns = {
-        "dense eager": lambda: _dense(model, *new()),
-        "run 64x64": lambda: sparsefx.run(p64, new()),
-        "run 64x64, timed afresh": lambda: _afresh(p64, new()),
+        "dense eager": on(lambda: _dense(model, *new())),
+        "run 64x64": on(lambda: sparsefx.run(p64, new(), device=dev)),
+        "run 64x64, timed afresh": on(lambda: _afresh(p64, new(), dev)),
     }
     if not args.skip_wse2:
         pw = program_for(args, TARGET_SPARSITY, "wse2")
-        fns["run wse2"] = lambda: sparsefx.run(pw, new())
+        fns["run wse2"] = on(lambda: sparsefx.run(pw, new(), device=dev))
     if args.pipelined_wse2:
         pp = program_for(args, TARGET_SPARSITY, "wse2", "pipelined")
-        fns["run wse2 pipelined"] = lambda: sparsefx.run(pp, new())
+        fns["run wse2 pipelined"] = on(lambda: sparsefx.run(pp, new(), device=dev))
     first = {}  # a program's first run merges its matrices and derives its structures (runtime/memo.py)
     for name, fn in fns.items():
         if name not in ("dense eager", "run 64x64, timed afresh"):
@@ -171,7 +182,8 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         for name, s in summaries.items()
     ]  # fmt: skip
     print_table(
-        f"sparsefx.run against the dense eager forward (GPT-2 small, 90%, {MODE}, {args.rounds} rounds)",
+        f"sparsefx.run against the dense eager forward (GPT-2 small, 90%, {MODE}, on {dev}, "
+        f"{args.rounds} rounds)",
         ["", "median", "IQR", "÷ dense eager [IQR]"],
         rows,
     )
@@ -195,11 +207,11 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     return out, passed
 
 
-def _afresh(program: sparsefx.DataflowProgram, inputs: tuple) -> None:
+def _afresh(program: sparsefx.DataflowProgram, inputs: tuple, device: torch.device) -> None:
     """``sparsefx.run`` with every kernel timed again: no timing reused (``runtime/fast.py``'s ``REUSE``)."""
     fast.REUSE = False
     try:
-        sparsefx.run(program, inputs)
+        sparsefx.run(program, inputs, device=device)
     finally:
         fast.REUSE = True
 
@@ -391,6 +403,7 @@ def main() -> int:
     p.add_argument("--programs", metavar="DIR", help="keep lowered programs here and reuse them")
     p.add_argument("--plot", metavar="PATH", default=PLOT, help=f"speedup plot (default {PLOT}; '': none)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="where the speed runs go, dense forward too (default cpu)")
     p.add_argument("--skip-speed", action="store_true", help="skip the fast executor timing")
     p.add_argument("--skip-wse2", action="store_true", help="time the 64x64 program only")
     p.add_argument("--pipelined-wse2", action="store_true", help="also time the pipelined wse2 program")
