@@ -344,7 +344,10 @@ class _Clock:
 
     def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per kernel structure, ``key`` and device: what depends on the program, not
-        the inputs."""
+        the inputs. Only timings depend on a row-wise kernel's rows: the rest is kept for any rows (the
+        lowering times a long kernel's first blocks, ``kernel_alone``)."""
+        if key[0] != "timings" and row_streaming_op(k):
+            k = dataclasses.replace(k, shape=(features_of(k.shape),))
         if self.device is None:
             return kept_for(self.p, k, key, build)
         return kept_for(self.p, k, (*key, str(self.device)), lambda: _to(build(), self.device))
@@ -694,44 +697,21 @@ class _Clock:
         """
         r = k.region
         out_f = s.out_features
-        span = s.span.clamp(max=out_f)
-        pe = torch.repeat_interleave(torch.arange(r.pes), span)
-        if pe.numel() == 0:
-            none = torch.zeros(0, dtype=torch.int64)
-            return (torch.zeros((r.width, r.height), dtype=torch.int64),) * 2 + (none,) * 5
-        offset = torch.arange(len(pe)) - (torch.cumsum(span, 0) - span)[pe]
-        o = (s.out_lo[pe] + offset) % max(out_f, 1)
-        px, py = pe % r.width, pe // r.width
-        key = px * out_f + o
-        n = r.width * out_f
-        ymin = torch.full((n,), r.height, dtype=torch.int64).scatter_reduce(0, key, py, "amin")
-        ymax = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, key, py, "amax")
-        held = ymax >= 0
-        lane = _lane_rank(lane_bounds(out_f, lanes), torch.arange(out_f))[0].repeat(r.width)
-        cols = torch.arange(r.width).repeat_interleave(out_f)
+        keys, ymin, ymax = _cover(s, r.width, r.height)
+        px, o = keys // max(out_f, 1), keys % max(out_f, 1)
+        lane = _lane_rank(lane_bounds(out_f, lanes), o)[0]
         south = torch.zeros((r.width, r.height + 1), dtype=torch.int64)
         north = torch.zeros((r.width, r.height + 2), dtype=torch.int64)
-        sm = held & (ymin < lane)
-        south.index_put_((cols[sm], ymin[sm]), torch.ones(int(sm.sum()), dtype=torch.int64), accumulate=True)
-        south.index_put_((cols[sm], lane[sm]), -torch.ones(int(sm.sum()), dtype=torch.int64), accumulate=True)
-        nm = held & (ymax > lane)
-        north.index_put_(
-            (cols[nm], lane[nm] + 1), torch.ones(int(nm.sum()), dtype=torch.int64), accumulate=True
-        )
-        north.index_put_(
-            (cols[nm], ymax[nm] + 1), -torch.ones(int(nm.sum()), dtype=torch.int64), accumulate=True
-        )
-        pairs = held.nonzero().squeeze(1)
-        travel = torch.maximum(lane - ymin, ymax - lane).clamp(min=0)[pairs]
-        return (
-            south.cumsum(1)[:, : r.height],
-            north.cumsum(1)[:, 1 : r.height + 1],
-            pairs // max(out_f, 1),
-            pairs % max(out_f, 1),
-            travel,
-            ymin[pairs],
-            ymax[pairs],
-        )
+        sm = ymin < lane
+        ones = torch.ones(int(sm.sum()), dtype=torch.int64)
+        south.index_put_((px[sm], ymin[sm]), ones, accumulate=True)
+        south.index_put_((px[sm], lane[sm]), -ones, accumulate=True)
+        nm = ymax > lane
+        ones = torch.ones(int(nm.sum()), dtype=torch.int64)
+        north.index_put_((px[nm], lane[nm] + 1), ones, accumulate=True)
+        north.index_put_((px[nm], ymax[nm] + 1), -ones, accumulate=True)
+        travel = torch.maximum(lane - ymin, ymax - lane).clamp(min=0)
+        return south.cumsum(1)[:, : r.height], north.cumsum(1)[:, 1 : r.height + 1], px, o, travel, ymin, ymax
 
     def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
@@ -921,6 +901,67 @@ def _cumcount(key: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     earlier[order] = before - before[key_start]  # weight of the same key in earlier runs
     run = torch.cumsum(change, 0) - 1
     return ((earlier - ahead[starts])[run] + ahead).reshape(rows, n)
+
+
+def _cover(s: Layout, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each (column, output) pair some PE holds a part of, as ascending keys ``column * out_features +
+    output``, with the first and last row holding one.
+
+    Each PE's cyclic output range is one or two intervals of keys. Their ends cut the keys into
+    segments that every interval covers whole or not at all, so the rows are found per segment
+    (``_stab``) and only the held segments are spread out to keys: the work follows the PEs and the
+    held pairs, never the outputs times the PEs that hold them."""
+    out_f = s.out_features
+    span = s.span.clamp(max=out_f)
+    pe = (span > 0).nonzero().squeeze(1)
+    if len(pe) == 0:
+        none = torch.zeros(0, dtype=torch.int64)
+        return none, none, none
+    lo = s.out_lo[pe].to(torch.int64) % out_f
+    hi = lo + span[pe]
+    base = pe % width * out_f
+    wrap = hi > out_f  # the part past the last output starts again at output 0
+    starts = torch.cat([base + lo, base[wrap]])
+    ends = torch.cat([base + hi.clamp(max=out_f), base[wrap] + hi[wrap] - out_f])
+    rows = torch.cat([pe // width, (pe // width)[wrap]])
+    cuts = torch.unique(torch.cat([starts, ends]))
+    a, b = torch.searchsorted(cuts, starts), torch.searchsorted(cuts, ends)  # segments [a, b)
+    segments = len(cuts) - 1
+    first = _stab(a, b, rows, segments, height, "amin")
+    last = _stab(a, b, rows, segments, -1, "amax")
+    held = (last >= 0).nonzero().squeeze(1)
+    length = cuts[held + 1] - cuts[held]
+    total = int(length.sum())
+    offset = torch.repeat_interleave(torch.cumsum(length, 0) - length, length, output_size=total)
+    keys = torch.repeat_interleave(cuts[held], length, output_size=total) + torch.arange(total) - offset
+    ymin = torch.repeat_interleave(first[held], length, output_size=total)
+    ymax = torch.repeat_interleave(last[held], length, output_size=total)
+    return keys, ymin, ymax
+
+
+def _stab(
+    a: torch.Tensor, b: torch.Tensor, value: torch.Tensor, n: int, empty: int, how: str
+) -> torch.Tensor:
+    """``[n]``: the least (``how="amin"``) or largest (``"amax"``) ``value[i]`` of the ranges ``a[i] ..
+    b[i] - 1`` (non-empty) that hold each index, ``empty`` where none does. Each range is two blocks of a
+    power-of-two length ``2^j``, as in a sparse table; a level's blocks then pass their value to the
+    two halves below, from the longest level down, so the work is the indices times the levels."""
+    level = torch.floor(torch.log2((b - a).to(torch.float64))).to(torch.int64)
+    top = int(level.max()) if len(level) else 0
+    best = torch.full((n,), empty, dtype=torch.int64)
+    for j in range(top, -1, -1):
+        here = torch.full((n,), empty, dtype=torch.int64)
+        m = level == j
+        if bool(m.any()):
+            at = torch.cat([a[m], b[m] - (1 << j)])
+            here.scatter_reduce_(0, at, value[m].repeat(2), how)
+        if j < top:  # a block 2^(j+1) long at i covers the blocks 2^j long at i and at i + 2^j
+            pick = torch.minimum if how == "amin" else torch.maximum
+            here = pick(here, best)
+            half = 1 << j
+            here[half:] = pick(here[half:], best[:-half])
+        best = here
+    return best
 
 
 def _chunks(wave: torch.Tensor, step: int) -> list[tuple[int, int, int]]:
