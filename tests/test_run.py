@@ -13,6 +13,7 @@ from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
 from sparsefx.runtime import fast
 from sparsefx.runtime.fast import fifo
+from sparsefx.runtime.layout import Layout
 
 MODES = ("pipelined", "streaming")
 
@@ -85,6 +86,37 @@ def test_range_max_is_the_largest_of_each_range(monkeypatch, height, width, bloc
     ranges = zip(lo.tolist(), hi.tolist(), x.tolist())
     want = torch.stack([encoded[a : b + 1, c].amax(0) for a, b, c in ranges])
     assert torch.equal(fast._range_max(grid, x, lo, hi), want)
+
+
+def test_cover_finds_each_held_output_and_its_first_and_last_row():
+    rng = random.Random(2)
+    for _ in range(400):
+        width, height, out_f = rng.randint(1, 5), rng.randint(1, 8), rng.randint(1, 30)
+        pes = width * height
+        lo = [rng.randrange(out_f) for _ in range(pes)]  # cyclic ranges: some wrap, some hold every output
+        span = [rng.choice([0, 1, rng.randint(0, out_f), rng.randint(out_f, 2 * out_f)]) for _ in range(pes)]
+        rows: dict[int, list[int]] = {}
+        for p in range(pes):
+            for i in range(min(span[p], out_f)):
+                rows.setdefault(p % width * out_f + (lo[p] + i) % out_f, []).append(p // width)
+        s = Layout(1, out_f, None, None, torch.tensor(lo), torch.tensor(span), None)
+        keys, ymin, ymax = fast._cover(s, width, height)
+        assert keys.tolist() == sorted(rows)
+        assert ymin.tolist() == [min(rows[k]) for k in sorted(rows)]
+        assert ymax.tolist() == [max(rows[k]) for k in sorted(rows)]
+
+
+def test_stab_takes_the_least_and_largest_value_over_the_ranges_holding_each_index():
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randint(1, 70)
+        ranges = [sorted(rng.sample(range(n + 1), 2)) for _ in range(rng.randint(1, 12))]
+        value = [rng.randint(0, 50) for _ in ranges]
+        a, b = (torch.tensor([r[i] for r in ranges]) for i in (0, 1))
+        for how, empty, pick in (("amin", 99, min), ("amax", -1, max)):
+            got = fast._stab(a, b, torch.tensor(value), n, empty, how).tolist()
+            held = [[v for (x, y), v in zip(ranges, value) if x <= i < y] for i in range(n)]
+            assert got == [pick(h) if h else empty for h in held]
 
 
 @pytest.mark.parametrize("mode", MODES)
