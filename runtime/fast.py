@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from sparsefx.trees import to_device
+
 from .cost import (
     axpy_cycles,
     block_rows,
@@ -350,7 +352,7 @@ class _Clock:
             k = dataclasses.replace(k, shape=(features_of(k.shape),))
         if self.device is None:
             return kept_for(self.p, k, key, build)
-        return kept_for(self.p, k, (*key, str(self.device)), lambda: _to(build(), self.device))
+        return kept_for(self.p, k, (*key, str(self.device)), lambda: to_device(build(), self.device))
 
     def _on_host(self, fn: Callable[[DataflowProgram, Kernel], Any], k: Kernel) -> Any:
         """``fn(program, k)`` where the program's arrays are (the CPU), whatever device the clock is on;
@@ -948,6 +950,7 @@ def _stab(
     two halves below, from the longest level down, so the work is the indices times the levels."""
     level = torch.floor(torch.log2((b - a).to(torch.float64))).to(torch.int64)
     top = int(level.max()) if len(level) else 0
+    pick = torch.minimum if how == "amin" else torch.maximum
     best = torch.full((n,), empty, dtype=torch.int64)
     for j in range(top, -1, -1):
         here = torch.full((n,), empty, dtype=torch.int64)
@@ -956,7 +959,6 @@ def _stab(
             at = torch.cat([a[m], b[m] - (1 << j)])
             here.scatter_reduce_(0, at, value[m].repeat(2), how)
         if j < top:  # a block 2^(j+1) long at i covers the blocks 2^j long at i and at i + 2^j
-            pick = torch.minimum if how == "amin" else torch.maximum
             here = pick(here, best)
             half = 1 << j
             here[half:] = pick(here[half:], best[:-half])
@@ -1015,24 +1017,12 @@ def _simulate(clock: _Clock) -> Timeline:
     return Timeline(kernels, clock.flows, cycles, done)
 
 
-def _to(tree: Any, device: torch.device) -> Any:
-    """``tree`` (a tensor, or tuples, lists and dataclasses of them) with its tensors on ``device``."""
-    if isinstance(tree, torch.Tensor):
-        return tree.to(device)
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_to(t, device) for t in tree)
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        moved = {f.name: _to(getattr(tree, f.name), device) for f in dataclasses.fields(tree) if f.init}
-        return dataclasses.replace(tree, **moved)
-    return tree
-
-
 def _on_cpu(timeline: Timeline) -> Timeline:
     """A timeline whose tensors are on the CPU, for the stats: kernels' busy cycles and link loads, and
     the flows' ready times and wavelets (their cached departures are left behind)."""
     cpu = torch.device("cpu")
     kernels = [
-        dataclasses.replace(kt, busy=kt.busy.cpu(), overhead=kt.overhead.cpu(), bus=_to(kt.bus, cpu))
+        dataclasses.replace(kt, busy=kt.busy.cpu(), overhead=kt.overhead.cpu(), bus=to_device(kt.bus, cpu))
         for kt in timeline.kernels
     ]
     flows = {

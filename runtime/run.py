@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from sparsefx.errors import EmulationError
+from sparsefx.trees import to_device
 
 from .baseline import dense_activity, dense_program, unavailable
 from .evaluate import evaluate
@@ -74,7 +75,7 @@ def run(
     if executor == "reference":
         outputs, timeline = execute(program, inputs)
         if device is not None:
-            outputs = _to(outputs, torch.device(device))
+            outputs = to_device(outputs, device)
         evaluate(program, inputs, None, listener=activity)  # the activity the dense baseline sees
     else:
         outputs = evaluate(program, inputs, device, listener=activity)
@@ -108,14 +109,3 @@ def _device(device: str | torch.device | None) -> torch.device | None:
             "'cpu' always is"
         ) from exc
     return dev
-
-
-def _to(tree: Any, device: torch.device) -> Any:
-    """``tree`` with its tensors moved to ``device``."""
-    if isinstance(tree, torch.Tensor):
-        return tree.to(device)
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_to(t, device) for t in tree)
-    if isinstance(tree, dict):
-        return {k: _to(v, device) for k, v in tree.items()}
-    return tree

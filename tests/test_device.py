@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sparsefx
-from conftest import LOWER_MESH, compile_builtins
+from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from second_device import DEVICE, HOST, CrossDevice, SecondDevice
 from sparsefx.cli import main
 from sparsefx.errors import EmulationError
@@ -74,6 +74,24 @@ def test_run_on_a_second_device_matches_the_cpu(programs, name, mode) -> None:
     assert report_data(got.stats, program) == report_data(want.stats, program)
     assert report_data(again.stats, program) == report_data(want.stats, program)
     assert side.sides[DEVICE] > side.sides[HOST]
+
+
+def test_the_reference_executor_moves_a_model_output_whole() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(tiny_gpt2_config()).eval()
+    ids = torch.randint(0, HF_VOCAB, (1, 8))
+    sm = sparsefx.compile(model, 0.9, (ids,))
+    program = sparsefx.lower(sm, (ids,), mesh=(32, 32), mode="streaming")
+    x = random_inputs(program, seed=6)
+    want = sparsefx.run(program, x, executor="reference")
+    with SecondDevice():
+        got = sparsefx.run(program, x, executor="reference", device="meta")
+        assert type(got.outputs) is type(want.outputs)  # a ModelOutput stays one, its tensors moved
+        assert all(t.device.type == "meta" for t in _leaves(got.outputs.to_tuple()))
+    assert torch.equal(got.outputs.logits, want.outputs.logits)
+    (fresh,) = x.values()
+    torch.testing.assert_close(want.outputs.logits, sm.eval()(fresh).logits, rtol=1e-4, atol=1e-5)
 
 
 def test_the_clock_makes_its_tensors_on_the_device(programs, monkeypatch) -> None:
