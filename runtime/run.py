@@ -19,6 +19,7 @@ the evaluation finds them. The dense baseline (``runtime/baseline.py``) runs thr
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +53,14 @@ class _Activity:
 
     def __init__(self) -> None:
         self.seen: dict[str, torch.Tensor] = {}
+        self.nonfinite: list[str] = []  # sparse matmuls that read NaN or inf
 
     def __call__(self, k: Kernel, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
-        if k.op != "sparse_matmul" or k.attrs.get("kind") not in ("linear", "addmm", "matmul"):
+        if k.op != "sparse_matmul":
+            return
+        if not bool(torch.isfinite(inputs[0]).all()):
+            self.nonfinite.append(k.name)
+        if k.attrs.get("kind") not in ("linear", "addmm", "matmul"):
             return
         self.seen[k.name] = inputs[0].reshape(-1, int(k.attrs["in_features"])) != 0  # where it was computed
 
@@ -80,6 +86,7 @@ def run(
     else:
         outputs = evaluate(program, inputs, device, listener=activity)
         timeline = simulate(program, activity.seen, device)
+    _warn_nonfinite(activity.nonfinite)
     stats = collect(program, timeline, executor)
     dense = dense_program(program)
     if dense is None:
@@ -90,6 +97,19 @@ def run(
         baseline = collect(dense, timed, executor, mesh_detail=False)  # compare reads cycles and parts
         stats.dense = compare(program, stats, baseline)
     return RunResult(outputs, stats)
+
+
+def _warn_nonfinite(kernels: list[str]) -> None:
+    """Say that NaN or inf met a sparse matmul: there the mesh and the compiled model differ."""
+    if not kernels:
+        return
+    names = ", ".join(dict.fromkeys(kernels))
+    warnings.warn(
+        f"sparse matmul {names} read NaN or inf: the mesh multiplies only kept weights, so those values "
+        "reach fewer outputs than through the compiled model, whose masked dense product gives "
+        "NaN * 0 = NaN at every pruned weight (README, 'NaN and inf')",
+        stacklevel=3,
+    )
 
 
 def _device(device: str | torch.device | None) -> torch.device | None:
