@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from torch import fx, nn
 from sparsefx.errors import LoweringError
 from sparsefx.op_table import MASKED
 
+from .arguments import bind, method_target
 from .builder import Builder, Ref, SparseWeight, dtype_name
 
 __all__ = ["Call", "RULES", "ELEMENTWISE", "IDENTITY"]
@@ -38,16 +39,31 @@ class Call:
     kwargs: dict[str, Any]
     out: Any
     module: nn.Module | None = None
+    _bound: dict[str, Any] | None = field(default=None, repr=False)
 
-    def arg(self, i: int, key: str, default: Any = _NO) -> Any:
-        """Argument ``i`` positionally or ``key`` by keyword, else ``default``."""
-        if i < len(self.args):
-            return self.args[i]
-        if key in self.kwargs:
-            return self.kwargs[key]
+    def get(self, *names: str, default: Any = _NO) -> Any:
+        """The argument the op's own signature calls ``names[0]`` (or another of ``names``: aliases across
+        spellings, like ``dim0`` and ``axis0``), whatever its position; else ``default``."""
+        bound = self.bound()
+        for name in names:
+            if name in bound:
+                return bound[name]
         if default is _NO:
-            raise self.error(f"has no argument {key!r}")
+            raise self.error(f"has no argument {names[0]!r}")
         return default
+
+    def bound(self) -> dict[str, Any]:
+        """Every argument by name (``arguments.bind``), defaults included; a ``LoweringError`` when no
+        signature of the op accepts the call's arguments."""
+        if self._bound is None:
+            node = self.node
+            target = method_target(str(node.target)) if node.op == "call_method" else node.target
+            method = node.op == "call_method"
+            bound = bind(target, self.args, self.kwargs, is_data=lambda v: isinstance(v, Ref), method=method)
+            if bound is None:
+                raise self.error("its arguments match no signature of the op, so they cannot be read by name")
+            self._bound = bound
+        return self._bound
 
     def error(self, why: str) -> LoweringError:
         """A ``LoweringError`` naming this node and its op."""
@@ -66,7 +82,7 @@ ELEMENTWISE = (
 )  # fmt: skip
 """Ops lowered to one ``elementwise`` kernel: tensors become inputs, scalars stay in ``attrs``."""
 
-IDENTITY = ("identity", "dropout", "contiguous", "detach")
+IDENTITY = ("identity", "dropout")
 """Ops that are the identity on a model in eval mode: the value passes through, no kernel."""
 
 
@@ -106,12 +122,12 @@ _CASTS = ("to", "type_as", "float", "half", "bfloat16")
 def _elementwise(b: Builder, c: Call) -> Any:
     if c.name in _CASTS:  # device and copy arguments mean nothing on the mesh; only the dtype does
         x = _ref(b, c.args[0], c.node.name)
-        if b.values[x.name][1] == dtype_name(c.out.dtype):
-            return x
-        attrs = {"fn": "cast", "args": [{"in": 0}], "kwargs": {"dtype": _plain(c.out.dtype)}}
-        return b.emit(c.node.name, "elementwise", [x], c.out, attrs)
+        return _cast(b, x, c.out.dtype, c.node.name, c.out)
+    args = c.args
+    if c.node.op == "call_method" and c.name == "where":  # x.where(cond, y) is torch.where(cond, x, y)
+        args = (args[1], args[0], *args[2:])
     operands, inputs = [], []
-    for i, a in enumerate(c.args):
+    for i, a in enumerate(args):
         if isinstance(a, (Ref, torch.Tensor)) and (isinstance(a, Ref) or a.dim() > 0):
             inputs.append(_ref(b, a, f"{c.node.name}_arg{i}"))
             operands.append({"in": len(inputs) - 1})
@@ -130,6 +146,15 @@ def _elementwise(b: Builder, c: Call) -> Any:
     return b.emit(c.node.name, "elementwise", inputs, c.out, attrs)
 
 
+def _cast(b: Builder, x: Ref, dtype: torch.dtype, name: str, out: Any = None) -> Ref:
+    """``x`` as ``dtype``: ``x`` itself when it has that dtype, else a ``cast`` kernel called ``name``."""
+    if b.values[x.name][1] == dtype_name(dtype):
+        return x
+    like = torch.empty(b.shape(x), dtype=dtype) if out is None else out
+    attrs = {"fn": "cast", "args": [{"in": 0}], "kwargs": {"dtype": _plain(dtype)}}
+    return b.emit(name, "elementwise", [x], like, attrs)
+
+
 @_rule(*IDENTITY)
 def _identity(b: Builder, c: Call) -> Any:
     if c.name == "dropout" and c.module is None and _dropout_active(c):
@@ -137,14 +162,16 @@ def _identity(b: Builder, c: Call) -> Any:
             "this dropout is active (training=True and p > 0: F.dropout's default) and draws random "
             "numbers, which a program cannot; pass training=self.training, or p=0"
         )
+    if isinstance(c.out, tuple):  # aten.native_dropout: (output, mask); eval keeps every element
+        return (c.args[0], *([None] * (len(c.out) - 1)))
     return c.args[0]
 
 
 def _dropout_active(c: Call) -> bool:
     """Whether a dropout call drops: ``F.dropout(x, p, training)`` (training defaults to True) or
     ``aten.dropout(x, p, train)``. A dropout module lowers in eval mode, where it is the identity."""
-    p = c.arg(1, "p", 0.5)
-    training = c.arg(2, "train" if "train" in c.kwargs else "training", True)
+    p = c.get("p", default=0.5)
+    training = c.get("train", "training", default=True)
     return bool(training) and float(p) > 0
 
 
@@ -171,12 +198,15 @@ def _permute(b: Builder, c: Call) -> Ref:
     if c.name in ("attr_T", "attr_mT"):  # x.T reverses every dim; x.mT swaps the last two
         dims = list(range(ndim))[::-1] if c.name == "attr_T" else [*range(ndim - 2), ndim - 1, ndim - 2]
         return b.emit(c.node.name, "layout", [x], c.out, {"fn": "permute", "dims": dims})
-    if c.name == "permute":
-        dims = c.args[1:] if len(c.args) > 2 or isinstance(c.arg(1, "dims"), int) else c.arg(1, "dims")
-        dims = [_dim(int(d), ndim) for d in dims]
+    if c.name == "permute":  # x.permute(0, 2, 1), x.permute((0, 2, 1)), torch.permute(x, dims=...)
+        dims = c.args[1:] if len(c.args) > 2 or (len(c.args) == 2 and isinstance(c.args[1], int)) else None
+        dims = [_dim(int(d), ndim) for d in (dims if dims is not None else c.get("dims"))]
     else:
         dims = list(range(ndim))
-        a, z = (0, 1) if c.name == "t" else (_dim(c.arg(1, "dim0"), ndim), _dim(c.arg(2, "dim1"), ndim))
+        if c.name == "t":
+            a, z = (0, 1) if ndim == 2 else (0, 0)
+        else:
+            a, z = _dim(c.get("dim0", "axis0"), ndim), _dim(c.get("dim1", "axis1"), ndim)
         dims[a], dims[z] = dims[z], dims[a]
     return b.emit(c.node.name, "layout", [x], c.out, {"fn": "permute", "dims": dims})
 
@@ -191,12 +221,12 @@ def _slice(b: Builder, x: Ref, name: str, dim: int, start: int, end: int, out: t
 def _slice_rule(b: Builder, c: Call) -> Ref:
     x = _ref(b, c.args[0], c.node.name)
     shape = b.shape(x)
-    dim = _dim(c.arg(1, "dim", 0), len(shape))
+    dim = _dim(c.get("dim", default=0), len(shape))
     if c.name == "narrow":
-        start = c.arg(2, "start")
-        start, end, step = _dim(start, shape[dim]), _dim(start, shape[dim]) + c.arg(3, "length"), 1
+        start = _dim(c.get("start"), shape[dim])
+        start, end, step = start, start + c.get("length"), 1
     else:
-        start, end, step = (c.arg(2, "start", None), c.arg(3, "end", None), c.arg(4, "step", 1))
+        start, end, step = c.get("start", default=None), c.get("end", default=None), c.get("step", default=1)
         start, end, _ = slice(start, end, step).indices(shape[dim])
     attrs = {"fn": "slice", "dim": dim, "start": start, "end": max(end, start), "step": step}
     return b.emit(c.node.name, "layout", [x], c.out, attrs)
@@ -206,17 +236,15 @@ def _slice_rule(b: Builder, c: Call) -> Ref:
 def _select(b: Builder, c: Call) -> Ref:
     x = _ref(b, c.args[0], c.node.name)
     shape = b.shape(x)
-    dim = _dim(c.arg(1, "dim"), len(shape))
-    index = _dim(c.arg(2, "index"), shape[dim])
+    dim = _dim(c.get("dim"), len(shape))
+    index = _dim(c.get("index"), shape[dim])
     return b.emit(c.node.name, "layout", [x], c.out, {"fn": "select", "dim": dim, "index": index})
 
 
 @_rule("split", "chunk", "unbind", "tensor_split")
 def _split(b: Builder, c: Call) -> list[Ref]:
     x = _ref(b, c.args[0], c.node.name)
-    ndim = len(b.shape(x))
-    default_dim = 0
-    dim = _dim(c.arg(2, "dim", default_dim) if c.name != "unbind" else c.arg(1, "dim", 0), ndim)
+    dim = _dim(c.get("dim", default=0), len(b.shape(x)))
     outs, start = [], 0
     for i, piece in enumerate(c.out):
         size = piece.shape[dim] if c.name != "unbind" else 1
@@ -261,7 +289,7 @@ def _index(b: Builder, c: Call) -> Ref:
     """``x[i0, i1, ...]`` with index tensors the program knows (aten.index): a gather, costed as routing."""
     x = _ref(b, c.args[0], c.node.name)
     positions, payload = [], {}
-    for k, idx in enumerate(c.arg(1, "indices")):
+    for k, idx in enumerate(c.get("indices")):
         if idx is None:
             positions.append(None)
         elif isinstance(idx, Ref):
@@ -274,31 +302,45 @@ def _index(b: Builder, c: Call) -> Ref:
 
 @_rule("cat", "concat", "concatenate", "stack")
 def _cat(b: Builder, c: Call) -> Ref:
-    tensors = list(c.arg(0, "tensors"))
+    tensors = list(c.get("tensors", "input"))
     refs = [_ref(b, t, f"{c.node.name}_in{i}") for i, t in enumerate(tensors)]
-    ndim = c.out.dim()
-    dim = _dim(c.arg(1, "dim", 0), ndim)
+    dim = _dim(c.get("dim", "axis", default=0), c.out.dim())
     return b.emit(
         c.node.name, "layout", refs, c.out, {"fn": c.name if c.name == "stack" else "cat", "dim": dim}
     )
 
 
-@_rule("sum", "mean", "max_reduce", "amax")
+@_rule("sum", "mean", "amax")
 def _reduce(b: Builder, c: Call) -> Ref:
     x = _ref(b, c.args[0], c.node.name)
     ndim = len(b.shape(x))
-    dims = c.arg(1, "dim", None)
-    dims = list(range(ndim)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
-    keepdim = bool(c.arg(2, "keepdim", False))
-    fn = {"max_reduce": "amax"}.get(c.name, c.name)
-    attrs = {"fn": fn, "dims": [_dim(d, ndim) for d in dims], "keepdim": keepdim}
+    dims = c.get("dim", default=None)
+    if dims is None or (c.name == "amax" and list(dims) == []):  # amax(dim=[]) reduces every dim
+        dims = list(range(ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    dtype = c.get("dtype", default=None)
+    if dtype is not None:  # torch.sum(x, dtype=...) converts first, then reduces in that dtype
+        x = _cast(b, x, dtype, f"{c.node.name}_cast")
+    attrs = {
+        "fn": c.name,
+        "dims": [_dim(d, ndim) for d in dims],
+        "keepdim": bool(c.get("keepdim", default=False)),
+    }
     return b.emit(c.node.name, "reduce", [x], c.out, attrs)
 
 
 @_rule("softmax", "log_softmax")
 def _softmax(b: Builder, c: Call) -> Ref:
     x = _ref(b, c.args[0], c.node.name)
-    dim = c.module.dim if c.module is not None else c.arg(1, "dim")
+    dim = c.module.dim if c.module is not None else c.get("dim", default=None)
+    if dim is None:
+        raise c.error("a softmax without dim (the legacy implicit choice) cannot be lowered; give dim")
+    if c.module is None:
+        dtype = c.get("dtype", default=None)
+        if c.get("half_to_float", default=False):  # aten._softmax(x, dim, True): a half input, float out
+            dtype = torch.float32
+        if dtype is not None:  # softmax(x, dim, dtype=...) converts first, then computes in that dtype
+            x = _cast(b, x, dtype, f"{c.node.name}_cast")
     attrs = {"dim": _dim(dim, len(b.shape(x))), "log": c.name == "log_softmax"}
     return b.emit(c.node.name, "softmax", [x], c.out, attrs)
 
@@ -309,8 +351,8 @@ def _layer_norm(b: Builder, c: Call) -> Any:
     if c.module is not None:
         shape, weight, bias, eps = c.module.normalized_shape, c.module.weight, c.module.bias, c.module.eps
     else:
-        shape, weight, bias = c.arg(1, "normalized_shape"), c.arg(2, "weight", None), c.arg(3, "bias", None)
-        eps = c.arg(4, "eps", 1e-5)
+        shape, eps = c.get("normalized_shape"), c.get("eps", default=1e-5)
+        weight, bias = c.get("weight", default=None), c.get("bias", default=None)
     if isinstance(weight, Ref) or isinstance(bias, Ref):
         raise c.error("a layer norm whose weight is computed by the model cannot be lowered")
     payload = {k: v.detach() for k, v in (("weight", weight), ("bias", bias)) if v is not None}
@@ -323,11 +365,13 @@ def _layer_norm(b: Builder, c: Call) -> Any:
 @_rule("embedding")
 def _embedding(b: Builder, c: Call) -> Ref:
     if c.module is not None:
-        table, ids = c.module.weight, c.args[0]
-    elif isinstance(c.node.target, torch._ops.OpOverload):
-        table, ids = c.arg(0, "weight"), c.arg(1, "indices")
-    else:
-        ids, table = c.arg(0, "input"), c.arg(1, "weight")
+        table, ids, max_norm = c.module.weight, c.args[0], c.module.max_norm
+    else:  # F.embedding(input, weight, ...); aten.embedding(weight, indices, ...)
+        table, ids, max_norm = c.get("weight"), c.get("indices", "input"), c.get("max_norm", default=None)
+    if max_norm is not None:
+        raise c.error(
+            f"an embedding with max_norm={max_norm} rescales its table in place; give max_norm=None"
+        )
     if isinstance(table, Ref):
         raise c.error("an embedding whose table is computed by the model cannot be lowered")
     ids = _ref(b, ids, f"{c.node.name}_ids")
@@ -336,21 +380,26 @@ def _embedding(b: Builder, c: Call) -> Ref:
 
 @_rule("batch_norm", "_native_batch_norm_legit_no_training")
 def _batch_norm(b: Builder, c: Call) -> Any:
+    """Eval-mode batch norm with the running statistics, read by name: ``F.batch_norm`` takes
+    ``(input, running_mean, running_var, weight, bias, ...)``, ``aten.batch_norm`` and
+    ``torch.batch_norm`` take ``(input, weight, bias, running_mean, running_var, ...)``."""
     x = _ref(b, c.args[0], c.node.name)
     if c.module is not None:
         m = c.module
         mean, var, weight, bias, eps = m.running_mean, m.running_var, m.weight, m.bias, m.eps
-    elif c.name == "batch_norm":
-        mean, var = c.arg(1, "running_mean"), c.arg(2, "running_var")
-        weight, bias, eps = c.arg(3, "weight", None), c.arg(4, "bias", None), c.arg(7, "eps", 1e-5)
+        batch_stats = mean is None  # a module lowers as in eval mode, whatever its flag says now
     else:
-        weight, bias, mean, var = (
-            c.arg(i, k) for i, k in enumerate(("weight", "bias", "running_mean", "running_var"), 1)
+        mean, var = c.get("running_mean"), c.get("running_var")
+        weight, bias, eps = c.get("weight", default=None), c.get("bias", default=None), c.get("eps")
+        batch_stats = bool(c.get("training", default=False)) or mean is None
+    if batch_stats:
+        raise c.error(
+            "this batch norm normalizes with the batch's own statistics (training=True, or "
+            "track_running_stats=False); only running statistics (eval mode) can be lowered"
         )
-        eps = c.arg(6, "eps")
     parts = {"mean": mean, "var": var, "weight": weight, "bias": bias}
-    if any(isinstance(v, Ref) for v in parts.values()) or mean is None:
-        raise c.error("batch norm needs running statistics held by the model (eval mode)")
+    if any(isinstance(v, Ref) for v in parts.values()):
+        raise c.error("batch norm needs running statistics and weights held by the model, not computed ones")
     payload = {k: v.detach() for k, v in parts.items() if v is not None}
     out = c.out[0] if isinstance(c.out, tuple) else c.out
     ref = b.emit(
@@ -360,7 +409,7 @@ def _batch_norm(b: Builder, c: Call) -> Any:
 
 
 def _pair(v: Any) -> list[int]:
-    return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v]
+    return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v] * (2 if len(v) == 1 else 1)
 
 
 @_rule("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool2d_with_indices")
@@ -370,21 +419,21 @@ def _pool(b: Builder, c: Call) -> Any:
     if c.name == "adaptive_avg_pool2d":
         attrs = {"fn": "adaptive_avg", "output_size": list(c.out.shape[-2:])}  # None sizes resolved
     else:
-        get = (lambda k, i, d: getattr(m, k)) if m is not None else (lambda k, i, d: c.arg(i, k, d))
-        kernel = _pair(get("kernel_size", 1, None))
-        stride = get("stride", 2, None) or kernel
+        get = (lambda k, d: getattr(m, k)) if m is not None else (lambda k, d: c.get(k, default=d))
+        kernel = _pair(get("kernel_size", None))
+        stride = get("stride", None) or kernel  # aten's stride=[] means the kernel size, as None does
         attrs = {
             "fn": "max" if c.name.startswith("max") else "avg",
             "kernel_size": kernel,
             "stride": _pair(stride),
-            "padding": _pair(get("padding", 3, 0)),
-            "ceil_mode": bool(get("ceil_mode", 5 if c.name.startswith("max") else 4, False)),
+            "padding": _pair(get("padding", 0)),
+            "ceil_mode": bool(get("ceil_mode", False)),
         }
         if attrs["fn"] == "max":
-            attrs["dilation"] = _pair(get("dilation", 4, 1))
+            attrs["dilation"] = _pair(get("dilation", 1))
         else:
-            attrs["count_include_pad"] = bool(get("count_include_pad", 5, True))
-            if get("divisor_override", 6, None) is not None:
+            attrs["count_include_pad"] = bool(get("count_include_pad", True))
+            if get("divisor_override", None) is not None:
                 raise c.error("avg_pool2d with divisor_override cannot be lowered")
     out = c.out[0] if isinstance(c.out, tuple) else c.out
     ref = b.emit(c.node.name, "pool", [x], out, attrs)
@@ -457,9 +506,7 @@ def _conv(
         w, m = _ungroup(w, groups), _ungroup(m, groups)
     if isinstance(bias, Ref) or not isinstance(x, Ref):
         raise c.error("a convolution must read a data input and model weights")
-    padding = flags.get("padding", 0)
-    if isinstance(padding, str):
-        raise c.error(f"padding={padding!r} cannot be lowered; give the padding as numbers")
+    padding = _conv_padding(c, flags.get("padding", 0), w.shape[2:], flags.get("dilation", 1))
     attrs = {
         "kind": kind,
         "groups": groups,
@@ -483,6 +530,23 @@ def _conv(
     return _matmul_kernel(b, c, x, sw, attrs)
 
 
+def _conv_padding(c: Call, padding: Any, kernel: Any, dilation: Any) -> Any:
+    """Numeric padding: ``"valid"`` is 0; ``"same"`` is half of ``dilation * (kernel - 1)`` per dim
+    when that is even (torch pads the odd one out on one side only, which a program cannot)."""
+    if not isinstance(padding, str):
+        return padding
+    if padding == "valid":
+        return 0
+    dilation = [dilation] * len(kernel) if isinstance(dilation, int) else list(dilation)
+    totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+    if padding != "same" or any(t % 2 for t in totals):
+        raise c.error(
+            f"padding={padding!r} cannot be lowered (with kernel {list(kernel)} and dilation {dilation}); "
+            "give the padding as numbers, or 'same' with an odd kernel"
+        )
+    return [t // 2 for t in totals]
+
+
 def _ungroup(w: torch.Tensor, groups: int) -> torch.Tensor:
     """``[out, in/groups, *k]`` -> ``[out, in, *k]``, zero (False) outside each group's channels."""
     out, per = w.shape[0], w.shape[1]
@@ -502,7 +566,7 @@ def _linear(b: Builder, c: Call) -> Ref:
     if c.module is not None:
         x, w, bias = c.args[0], c.module.weight, c.module.bias
     else:
-        x, w, bias = c.arg(0, "input"), c.arg(1, "weight"), c.arg(2, "bias", None)
+        x, w, bias = c.args[0], c.get("weight"), c.get("bias", default=None)
     if isinstance(w, Ref):
         return _act_matmul(b, c, x, w, transpose_b=True, bias=bias)
     if isinstance(bias, Ref):
@@ -523,10 +587,9 @@ def _dense_conv(b: Builder, c: Call) -> Ref:
         flags = {"stride": m.stride, "padding": m.padding, "dilation": m.dilation, "groups": m.groups}
         param = c.node.target + ".weight"
     else:
-        x, w, bias = c.arg(0, "input"), c.arg(1, "weight"), c.arg(2, "bias", None)
+        x, w, bias = c.args[0], c.get("weight"), c.get("bias", default=None)
         flags = {
-            k: c.arg(i, k, d)
-            for i, (k, d) in enumerate((("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)), 3)
+            k: c.get(k, default=d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
         }
         param = _param_name(c, 1)
     if isinstance(w, Ref):
@@ -536,12 +599,16 @@ def _dense_conv(b: Builder, c: Call) -> Ref:
 
 @_rule("addmm")
 def _addmm(b: Builder, c: Call) -> Ref:
-    bias, x, w = c.arg(0, "input"), c.arg(1, "mat1"), c.arg(2, "mat2")
+    bias, x, w = c.get("input"), c.get("mat1"), c.get("mat2")
     if isinstance(w, Ref) or isinstance(bias, Ref):
         raise c.error("addmm with a computed weight or bias cannot be lowered")
     x = _ref(b, x, c.node.name)
     wt = w.detach().t().contiguous()
-    attrs = {"kind": "addmm", "beta": _plain(c.arg(3, "beta", 1)), "alpha": _plain(c.arg(4, "alpha", 1))}
+    attrs = {
+        "kind": "addmm",
+        "beta": _plain(c.get("beta", default=1)),
+        "alpha": _plain(c.get("alpha", default=1)),
+    }
     return _addmm_kernel(b, c, x, wt, _dense(wt), bias.detach(), _param_name(c, 2), attrs)
 
 
@@ -598,7 +665,7 @@ def _act_matmul(
 
 @_rule("matmul", "mm", "bmm")
 def _matmul(b: Builder, c: Call) -> Ref:
-    x, y = c.arg(0, "input"), c.arg(1, "other" if c.name == "matmul" else "mat2")
+    x, y = c.args[0], c.args[1] if len(c.args) > 1 else c.get("other", "mat2")
     if isinstance(x, Ref) and isinstance(y, torch.Tensor) and y.dim() == 2:
         x = _ref(b, x, c.node.name)
         wt = y.detach().t().contiguous()
@@ -610,13 +677,20 @@ def _matmul(b: Builder, c: Call) -> Ref:
 
 @_rule("sdpa", "sdpa_flash")
 def _sdpa(b: Builder, c: Call) -> Any:
-    q, k, v = (_ref(b, c.arg(i, n), f"{c.node.name}_{n}") for i, n in enumerate(("query", "key", "value")))
-    mask = c.arg(3, "attn_mask", None) if c.name == "sdpa" else c.kwargs.get("attn_mask")
-    if c.arg(4, "dropout_p", 0.0) if c.name == "sdpa" else c.arg(3, "dropout_p", 0.0):
+    """``F.scaled_dot_product_attention`` and aten's CPU flash kernel (whose ``attn_mask`` and ``scale``
+    are keyword-only and which also returns the log-sum-exp), read by name."""
+    q, k, v = (_ref(b, c.get(n, "input"), f"{c.node.name}_{n}") for n in ("query", "key", "value"))
+    mask = c.get("attn_mask", default=None)
+    if c.get("dropout_p", default=0.0):
         raise c.error("attention dropout must be 0 to lower (lower the model in eval mode)")
-    causal = bool(c.arg(5, "is_causal", False) if c.name == "sdpa" else c.arg(4, "is_causal", False))
-    scale = c.kwargs.get("scale")
+    causal = bool(c.get("is_causal", default=False))
+    scale = c.get("scale", default=None)
     qs, ks = b.shape(q), b.shape(k)
+    if c.get("enable_gqa", default=False) and qs[-3:-2] != ks[-3:-2]:
+        raise c.error(
+            f"grouped-query attention (enable_gqa with {qs[-3]} query and {ks[-3]} key heads) "
+            "cannot be lowered; repeat the key and value heads first"
+        )
     scale = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
     out = c.out[0] if isinstance(c.out, tuple) else c.out
     base = c.node.name
