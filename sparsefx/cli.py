@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     _setup_logging(args.log_level)
     try:
-        with _warnings_to_log():
+        with _warnings_to_log(), _current_folder_first():
             return args.handler(args)
     except SparseFXError as exc:
         return _fail(str(exc), exc, debug=args.debug, code=2)
@@ -130,6 +131,23 @@ def _setup_logging(level: str) -> None:
     logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False
+
+
+@contextlib.contextmanager
+def _current_folder_first() -> Iterator[None]:
+    """The current folder first on ``sys.path`` while a command runs, as ``python -m`` puts it: so
+    ``--model mypkg.models:mlp`` finds ``./mypkg`` from the ``sparsefx`` script too (whose own folder
+    is first otherwise)."""
+    here = os.getcwd()
+    if sys.path and sys.path[0] in ("", here):
+        yield
+        return
+    sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(here)
 
 
 @contextlib.contextmanager

@@ -80,8 +80,10 @@ _PASSED_GROUP_KEYS = (
     "distribution",
 )
 
-# where each built-in class is defined (imported on first ``config_rule``)
-_BUILTIN_HOMES: dict[str, str] = {name: f"{__package__}.{name}" for name in BUILTIN_ALGORITHMS}
+# where each built-in class is defined (imported on first ``config_rule``): ``sparsefx.sparse.<name>``,
+# a sibling of this config package
+_SPARSE_PACKAGE = __package__.rpartition(".")[0] + ".sparse"
+_BUILTIN_HOMES: dict[str, str] = {name: f"{_SPARSE_PACKAGE}.{name}" for name in BUILTIN_ALGORITHMS}
 
 _registry: dict[str, type | None] = {name: None for name in BUILTIN_ALGORITHMS}
 # (algorithm being constructed from a parsed group, that group, the keyword arguments passed to it)

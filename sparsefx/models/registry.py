@@ -10,7 +10,9 @@ True
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,7 +191,8 @@ def _from_factory(spec: str, shape: Shape | None) -> tuple[nn.Module, tuple, dic
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise ConfigError(f"model {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+        hint = _where(exc) if isinstance(exc, ModuleNotFoundError) else ""
+        raise ConfigError(f"model {spec!r}: cannot import module {module_name!r}: {exc}{hint}") from exc
     factory: Any = module
     for attr in attr_path.split("."):
         if not hasattr(factory, attr):
@@ -219,6 +222,19 @@ def _from_factory(spec: str, shape: Shape | None) -> tuple[nn.Module, tuple, dic
     if shape is not None:
         return result, (torch.randn(shape),), {}
     return result, (), {}
+
+
+def _where(exc: ModuleNotFoundError) -> str:
+    """Where Python looked for the missing module, and how to make it find it."""
+    missing = exc.name or ""
+    if not missing or "." in missing:  # the package was found; a module inside it is missing
+        return ""
+    folders = [os.path.abspath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir)]
+    shown = ", ".join(folders[:4]) + (f" and {len(folders) - 4} more" if len(folders) > 4 else "")
+    return (
+        f" (looked for {missing}/ or {missing}.py in {shown}); run from the folder that holds "
+        f"{missing}/ or {missing}.py, or add that folder to PYTHONPATH"
+    )
 
 
 def _fork_devices(device: torch.device) -> tuple[list[int], str]:
