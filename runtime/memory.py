@@ -4,7 +4,9 @@ Rows of a value stream through a kernel ``rows_in_flight`` at a time (double buf
 holds its lanes' features of that many rows per operand, not the whole activation. What stays
 resident is a kernel's own data: a sparse matmul's nonzeros, a table, a norm's weights, a constant,
 the second operand of an activation matmul. ``pe_bytes`` gives ``[region.pes]`` int64 bytes, region
-PEs in row-major order::
+PEs in row-major order. ``sram_needed`` is its busiest PE's figure: the one definition that
+``sparsefx inspect`` (``summary.py``), ``sparsefx run`` (``stats.py``), lowering (``stats["sram_max"]``)
+and ``verify`` (against ``HardwareSpec.sram_bytes``) all use, labelled ``SRAM_LABEL``::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
     >>> from sparsefx.runtime.program import Region, Stream
@@ -23,10 +25,12 @@ import torch
 
 from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
 
-__all__ = ["pe_bytes", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
+__all__ = ["pe_bytes", "sram_needed", "SRAM_LABEL", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
 
 ROWS_IN_FLIGHT = 2
 ACC_BYTES = 4  # partial sums accumulate in fp32
+SRAM_LABEL = "SRAM needed by the busiest PE (its data + buffers for its rows in flight)"
+"""How reports name ``sram_needed`` (a program's figure is the largest over its kernels)."""
 
 
 def itemsize(dtype: str) -> int:
@@ -99,3 +103,11 @@ def pe_bytes(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
     if kernel.op == "sparse_matmul":
         return _sparse(program, kernel)
     return _resident(program, kernel) + _streaming_buffers(program, kernel)
+
+
+def sram_needed(program: DataflowProgram, kernel: Kernel) -> int:
+    """Bytes of SRAM the busiest of ``kernel``'s PEs needs at its rows in flight (``pe_bytes``'s max);
+    0 for a kernel without PEs or without arrays (an all-ones matmul)."""
+    if not kernel.region.pes or kernel.attrs.get("all_ones"):
+        return 0
+    return int(pe_bytes(program, kernel).max())

@@ -14,6 +14,16 @@ small integers::
     >>> hw.sram_bytes, hw.colors, hw.simd("float16"), hw.cycles_to_seconds(850)
     (49152, 24, 4, 1e-06)
 
+A mesh has at most ``MAX_MESH_PES`` PEs, those of the largest preset (``wse3``, 762x1172), unless the
+environment variable ``SPARSEFX_MAX_MESH_PES`` raises the limit: a program's per-PE arrays and the
+verifier's grids grow with the mesh, so a mistyped or hostile size is refused by name before anything
+is allocated::
+
+    >>> MeshSpec(30000, 30000)
+    Traceback (most recent call last):
+    ...
+    sparsefx.errors.LoweringError: mesh 30000x30000 has 900,000,000 PEs; sparsefx takes at most 893,064, ...
+
 The ``HardwareSpec`` defaults are the cost model's inputs. Each one says where it comes from, or
 that it is an assumption; override any of them with ``dataclasses.replace`` or keyword arguments.
 """
@@ -22,12 +32,62 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparsefx.errors import LoweringError
 
-__all__ = ["Dir", "MeshSpec", "HardwareSpec", "PRESETS", "hardware", "mesh_spec", "xy_path", "DIRS"]
+__all__ = [
+    "Dir",
+    "MeshSpec",
+    "HardwareSpec",
+    "PRESETS",
+    "hardware",
+    "mesh_spec",
+    "xy_path",
+    "DIRS",
+    "MAX_MESH_PES",
+    "MAX_MESH_PES_ENV",
+    "max_mesh_pes",
+]
+
+MAX_MESH_PES = 762 * 1172
+"""The most PEs a mesh may have by default: the largest preset's (``wse3``)."""
+
+MAX_MESH_PES_ENV = "SPARSEFX_MAX_MESH_PES"
+"""The environment variable that raises the limit (a positive int; a value below ``MAX_MESH_PES`` does
+not lower it)."""
+
+
+def max_mesh_pes() -> int:
+    """The most PEs a mesh may have: ``MAX_MESH_PES``, or ``$SPARSEFX_MAX_MESH_PES`` where that is more."""
+    text = os.environ.get(MAX_MESH_PES_ENV, "").strip()
+    if not text:
+        return MAX_MESH_PES
+    if not text.isdigit() or len(text) > 18 or int(text) < 1:
+        raise LoweringError(f"{MAX_MESH_PES_ENV}={text[:40]!r} is not valid; it must be a positive integer")
+    return max(int(text), MAX_MESH_PES)
+
+
+def _check_mesh_size(width: int, height: int) -> None:
+    """A mesh of more PEs than ``max_mesh_pes()`` is a ``LoweringError`` (the environment is read only
+    for a mesh larger than every preset)."""
+    pes = width * height
+    if pes <= MAX_MESH_PES:
+        return
+    limit = max_mesh_pes()
+    if pes <= limit:
+        return
+    source = (
+        f"{MAX_MESH_PES_ENV} allows"
+        if limit > MAX_MESH_PES
+        else f"the largest preset, wse3 (762x1172), has; set the environment variable {MAX_MESH_PES_ENV} "
+        "to a larger count to allow more"
+    )
+    raise LoweringError(
+        f"mesh {width}x{height} has {pes:,} PEs; sparsefx takes at most {limit:,}, as {source}"
+    )
 
 
 class Dir(enum.IntFlag):
@@ -86,6 +146,7 @@ class MeshSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LoweringError(f"mesh {name} {value!r} is not valid; it must be a positive integer")
+        _check_mesh_size(self.width, self.height)
 
     @property
     def pes(self) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 from sparsefx.atomic import atomic_write
 from sparsefx.errors import ProgramWriteError
 
+from .memory import SRAM_LABEL
 from .program import DataflowProgram
 from .stats import PARTS, RunStats
 
@@ -109,7 +110,7 @@ def summary_table(stats: RunStats) -> Any:
     total = stats.axpys + stats.skipped_axpys
     share = f" ({stats.skipped_axpys / total:.1%})" if total else ""
     rows += [
-        ("SRAM max (busiest PE)", f"{stats.sram_max:,} bytes"),
+        (SRAM_LABEL, f"{stats.sram_max:,} bytes"),
         ("AXPYs done", f"{stats.axpys:,}"),
         ("AXPYs skipped (zero inputs)", f"{stats.skipped_axpys:,}{share}"),
         ("critical path", f"{len(stats.critical_path):,} kernels"),

@@ -20,7 +20,7 @@ import torch
 from .fast import KernelTime, Timeline
 from .layout import weight_bytes as weight_bytes_of
 from .memo import kept_for
-from .memory import pe_bytes
+from .memory import sram_needed
 from .program import DataflowProgram, Kernel
 
 __all__ = ["KernelStats", "RunStats", "Comparison", "collect", "compare", "PARTS"]
@@ -95,7 +95,7 @@ class RunStats:
     skipped_messages: int
     skipped_axpys: int
     axpys: int
-    sram_max: int
+    sram_max: int  # memory.sram_needed: SRAM the busiest PE needs (its data + its rows in flight)
     dense: Comparison | None = None
     dense_unavailable: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -218,10 +218,10 @@ def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list
 
 
 def _sram_max(program: DataflowProgram, k: Kernel) -> int:
-    """The busiest PE's SRAM bytes, derived once per kernel structure (``memo.kept_for``)."""
+    """``memory.sram_needed`` (the busiest PE's SRAM bytes), once per kernel structure (``memo.kept_for``)."""
     arrays = tuple((role, tuple(program.arrays[n].shape)) for role, n in sorted(k.arrays.items()))
     key = ("sram_max", repr(sorted(k.attrs.items())), repr(program.hardware), arrays)
-    return kept_for(program, k, key, lambda: int(pe_bytes(program, k).max()))
+    return kept_for(program, k, key, lambda: sram_needed(program, k))
 
 
 def _top(rows: torch.Tensor, n: int) -> list[tuple[int, int]]:

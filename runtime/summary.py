@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .memory import itemsize
+from .memory import SRAM_LABEL, itemsize, sram_needed
 from .program import DataflowProgram
 
 __all__ = ["summary", "kernel_table", "totals_table"]
@@ -53,7 +53,7 @@ def summary(program: DataflowProgram) -> dict[str, Any]:
                 "nnz": k.stats.get("nnz"),
                 "dense": k.stats.get("dense"),
                 "imbalance": k.stats.get("imbalance"),
-                "sram_max": k.stats.get("sram_max"),
+                "sram_max": sram_needed(program, k) if program.has_payloads else k.stats.get("sram_max"),
                 "colors": sorted(colors.get(k.name, ())),
             }
         )
@@ -108,8 +108,8 @@ def kernel_table(program: DataflowProgram, limit: int | None = None) -> Any:
     table = Table(
         title=f"{len(s['kernels'])} kernels on a {program.mesh} mesh ({program.mode}, {program.placement})"
     )
-    for col in ("kernel", "op", "region", "nnz", "imbalance", "SRAM max", "colors"):
-        table.add_column(col, justify="right" if col in ("nnz", "imbalance", "SRAM max") else "left")
+    for col in ("kernel", "op", "region", "nnz", "imbalance", "SRAM needed", "colors"):
+        table.add_column(col, justify="right" if col in ("nnz", "imbalance", "SRAM needed") else "left")
     rows = s["kernels"] if limit is None else s["kernels"][:limit]
     for r in rows:
         x, y, w, h = r["region"]
@@ -141,7 +141,7 @@ def totals_table(program: DataflowProgram) -> Any:
         ("kernels (sparse matmuls)", f"{t['kernels']} ({t['sparse_kernels']})"),
         ("nonzeros stored / dense", f"{t['nnz']:,} / {t['dense']:,} ({density})"),
         ("worst load imbalance (max/mean nnz per PE)", _fmt(t["max_imbalance"], ".3f")),
-        ("busiest PE's SRAM", f"{t['sram_max']:,} of {t['sram_bytes']:,} bytes"),
+        (SRAM_LABEL, f"{t['sram_max']:,} of {t['sram_bytes']:,} bytes"),
         ("colors used", f"{t['colors']} of {t['color_limit']}"),
         ("routes", str(t["routes"])),
         ("value traffic per call (32-bit wavelets)", f"{t['value_wavelets']:,}"),

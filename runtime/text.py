@@ -211,8 +211,8 @@ class _Parser:
         start = c.skip()
         try:
             self.fields["mesh"] = MeshSpec(*c.dims())
-        except LoweringError:
-            raise c.error("a mesh of at least 1x1 PEs", start) from None
+        except LoweringError as exc:
+            raise c.error(f"a mesh of at least 1x1 PEs ({exc})", start) from None
         self.fields["mode"] = c.keyed("mode", c.name, "a mode")
         self.fields["placement"] = c.keyed("placement", c.name, "a placement")
 

@@ -367,7 +367,17 @@ BAD = [
         _lines(lambda ls: ls.append(ls[-1])),
         "line 33, column 1: expected nothing after the 'end' line; found 'end kernels=3",
     ),
-    (_replace("mesh 8x2", "mesh 0x2"), "line 2, column 6: expected a mesh of at least 1x1 PEs; found '0x2"),
+    (
+        _replace("mesh 8x2", "mesh 0x2"),
+        "line 2, column 6: expected a mesh of at least 1x1 PEs (mesh width 0 is not valid",
+    ),
+    (
+        _replace("mesh 8x2", "mesh 1000000x1000000"),
+        "line 2, column 6: expected a mesh of at least 1x1 PEs (mesh 1000000x1000000 has "
+        "1,000,000,000,000 PEs; sparsefx takes at most 893,064, as the largest preset, wse3 (762x1172), has; "
+        "set the environment variable SPARSEFX_MAX_MESH_PES",
+    ),
+    (_replace("mesh 8x2", "mesh 30000x30000"), "(mesh 30000x30000 has 900,000,000 PEs; sparsefx takes at most"),
     (_replace("mesh 8x2", "mesh 8y2"), "line 2, column 7: expected 'x'; found 'y2"),
     (_replace(" colors=24 ", " colors=0 "), "line 3, column 10: expected valid hardware (hardware colors 0"),
     (_replace(" colors=24 ", " "), "line 3, column 81: expected 'colors'; found 'clock_hz=850000000.0"),
