@@ -234,8 +234,11 @@ def _pool(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> to
 @_rule("softmax")
 def _softmax(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
-    log = bool(_attr(k, "log", bool, False))
-    return (torch.log_softmax if log else torch.softmax)(inputs[0], _attr(k, "dim", int))
+    log, dim = bool(_attr(k, "log", bool, False)), _attr(k, "dim", int)
+    out = (torch.log_softmax if log else torch.softmax)(inputs[0], dim)
+    if _attr(k, "safe", bool, False):  # attention's softmax: a row that attends to nothing is 0, not NaN
+        out = out.masked_fill((inputs[0] == float("-inf")).all(dim, keepdim=True), 0.0)
+    return out
 
 
 @_rule("layer_norm")

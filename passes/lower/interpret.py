@@ -111,6 +111,8 @@ def _mutates(node: fx.Node, module: Any) -> bool:
     if node.op == "call_method":
         return str(node.target).endswith("_") and not str(node.target).endswith("__")
     name = getattr(node.target, "__name__", "")
+    if getattr(node.target, "__module__", None) == "_operator":  # operator.and_ (a & b) writes nothing
+        return False
     return node.kwargs.get("inplace") is True or (name.endswith("_") and not name.endswith("__"))
 
 

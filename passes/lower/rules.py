@@ -24,7 +24,7 @@ from sparsefx.op_table import MASKED
 from .arguments import bind, method_target
 from .builder import Builder, Ref, SparseWeight, dtype_name
 
-__all__ = ["Call", "RULES", "ELEMENTWISE", "IDENTITY"]
+__all__ = ["Call", "RULES", "ELEMENTWISE", "IDENTITY", "CHECKS"]
 
 _NO = object()
 
@@ -84,6 +84,10 @@ ELEMENTWISE = (
 
 IDENTITY = ("identity", "dropout")
 """Ops that are the identity on a model in eval mode: the value passes through, no kernel."""
+
+CHECKS = ("assert_metadata",)
+"""Ops that only check a value's metadata (export's ``_assert_tensor_metadata``): held at lowering, where the
+example inputs pass them; a program's inputs are checked against its streams when it runs. No kernel."""
 
 
 def _rule(*names: str) -> Callable[[Rule], Rule]:
@@ -165,6 +169,11 @@ def _identity(b: Builder, c: Call) -> Any:
     if isinstance(c.out, tuple):  # aten.native_dropout: (output, mask); eval keeps every element
         return (c.args[0], *([None] * (len(c.out) - 1)))
     return c.args[0]
+
+
+@_rule(*CHECKS)
+def _check(b: Builder, c: Call) -> None:
+    return None
 
 
 def _dropout_active(c: Call) -> bool:
@@ -315,9 +324,9 @@ def _reduce(b: Builder, c: Call) -> Ref:
     x = _ref(b, c.args[0], c.node.name)
     ndim = len(b.shape(x))
     dims = c.get("dim", default=None)
+    dims = [dims] if isinstance(dims, int) else dims
     if dims is None or (c.name == "amax" and list(dims) == []):  # amax(dim=[]) reduces every dim
         dims = list(range(ndim))
-    dims = [dims] if isinstance(dims, int) else list(dims)
     dtype = c.get("dtype", default=None)
     if dtype is not None:  # torch.sum(x, dtype=...) converts first, then reduces in that dtype
         x = _cast(b, x, dtype, f"{c.node.name}_cast")
@@ -717,6 +726,7 @@ def _sdpa(b: Builder, c: Call) -> Any:
         else:
             attrs = {"fn": "add", "args": [{"in": 0}, {"in": 1}], "kwargs": {}}
         s = b.emit(f"{base}_masked", "elementwise", [s, m], scores, attrs)
-    p = b.emit(f"{base}_probs", "softmax", [s], scores, {"dim": len(scores_shape) - 1, "log": False})
+    attrs = {"dim": len(scores_shape) - 1, "log": False, "safe": True}  # as torch: a fully masked row is 0
+    p = b.emit(f"{base}_probs", "softmax", [s], scores, attrs)
     ref = _act_matmul(b, c, p, v, name=base, out=out)
     return (ref, *([None] * (len(c.out) - 1))) if isinstance(c.out, tuple) else ref

@@ -1,0 +1,137 @@
+"""Lowering conformance: every op the lowering rules claim gives eager's numbers on the mesh.
+
+For each sample of ``op_samples.SAMPLES`` (non-default arguments, broadcast shapes, int and bool values,
+two dtypes), the model is captured both ways (``fx`` and ``export``), lowered (pipelined or streaming on
+a small mesh), run (fast or reference executor) on fresh inputs and compared, output by output, with
+the compiled model and the original module (whose pruned weights compile zeroed). The (capture, mode,
+executor, dtype) of each of a sample's two runs are drawn with a fixed seed so that every sample runs
+both captures, both modes and both executors. Every op in ``RULES`` must have a sample, and every op a
+sample claims must reach its rule under both captures (or be listed in ``ONE_PATH`` with the reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from op_samples import ONE_PATH, SAMPLES, Sample
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import sparsefx
+from sparsefx.passes.lower.rules import RULES
+
+SEED = 22
+MESH = (64, 8)  # (width, height): pipelined mode needs a column per kernel
+TOLERANCE = {  # (rtol, atol) by dtype; integer and bool outputs must be equal
+    torch.float32: (1e-4, 1e-5),
+    torch.float64: (1e-9, 1e-10),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float16: (5e-3, 5e-3),
+}
+
+
+def plan(sample: Sample) -> list[tuple[str, str, str, torch.dtype]]:
+    """The sample's two runs: each capture once (the one it takes twice if it takes one), the two modes
+    and the two executors in a seeded order, and its dtypes in a seeded order."""
+    rng = random.Random(f"{SEED}:{sample.name}")
+    captures = [c for c in ("fx", "export") if c not in sample.not_captured]
+    captures = captures * (2 // len(captures))
+    modes, executors, dtypes = ["pipelined", "streaming"], ["fast", "reference"], list(sample.dtypes)
+    for order in (modes, executors, dtypes):
+        rng.shuffle(order)
+    return [(captures[i], modes[i], executors[i], dtypes[i % len(dtypes)]) for i in range(2)]
+
+
+@contextlib.contextmanager
+def rules_reached() -> Iterator[set[str]]:
+    """The names of the rules that lowering calls inside the block (the real rules still run)."""
+    seen: set[str] = set()
+    originals = dict(RULES)
+
+    def recording(name: str) -> Any:
+        def rule(b: Any, c: Any) -> Any:
+            seen.add(name)
+            return originals[name](b, c)
+
+        return rule
+
+    RULES.update({name: recording(name) for name in originals})
+    try:
+        yield seen
+    finally:
+        RULES.update(originals)
+
+
+def _inputs(sample: Sample, dtype: torch.dtype, seed: int) -> tuple:
+    return sample.inputs(torch.Generator().manual_seed(seed), dtype)
+
+
+def _model(sample: Sample, dtype: torch.dtype) -> nn.Module:
+    model = sample.build()
+    if dtype.is_floating_point:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def _assert_close(got: Any, want: Any, where: str) -> None:
+    got_leaves, want_leaves = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves), (
+        f"{where}: {len(got_leaves)} outputs, eager has {len(want_leaves)}"
+    )
+    for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+        rtol, atol = TOLERANCE.get(w.dtype, (0, 0))
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol, msg=lambda m, i=i: f"{where}, output {i}: {m}")
+
+
+def lower_and_compare(sample: Sample, capture: str, mode: str, executor: str, dtype: torch.dtype) -> set[str]:
+    """One run of ``sample``: the rules it reached; fails when an output differs from eager."""
+    model = _model(sample, dtype)
+    example, fresh = _inputs(sample, dtype, 1), _inputs(sample, dtype, 2)
+    with warnings.catch_warnings(), rules_reached() as reached:
+        warnings.simplefilter("ignore")
+        sm = sparsefx.compile(model, 0.5, example, capture_method=capture)
+        program = sparsefx.lower(sm, example, mesh=MESH, mode=mode)
+    assert program.meta["capture"] == capture
+    where = f"{sample.name} ({capture}, {mode}, {executor}, {dtype})"
+    outputs = sparsefx.run(program, fresh, executor=executor).outputs
+    with torch.no_grad():
+        _assert_close(outputs, sm.eval()(*fresh), f"{where} against the compiled model")
+        _assert_close(outputs, model(*fresh), f"{where} against the original module")
+    return reached
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.name)
+def test_sample_lowers_to_eager_numbers(sample: Sample) -> None:
+    reached = {}
+    for capture, mode, executor, dtype in plan(sample):
+        reached.setdefault(capture, set()).update(lower_and_compare(sample, capture, mode, executor, dtype))
+    for op in sample.ops:
+        paths = sorted(c for c, ops in reached.items() if op in ops)
+        assert paths, f"{sample.name} claims {op!r}, but no capture reached its rule ({reached})"
+        assert len(paths) == 2 or op in ONE_PATH or sample.not_captured, (
+            f"{sample.name}: {op!r} reached its rule only under {paths}; list it in ONE_PATH with the reason"
+        )
+
+
+def test_every_rule_has_a_sample() -> None:
+    claimed = {op for s in SAMPLES for op in s.ops}
+    missing = sorted(set(RULES) - claimed)
+    assert not missing, f"lowering rules without a conformance sample in tests/op_samples.py: {missing}"
+    assert not sorted(claimed - set(RULES)), "samples claim ops that have no rule"
+    assert set(ONE_PATH) <= set(RULES)
+
+
+def test_the_plan_covers_both_captures_modes_and_executors() -> None:
+    for sample in SAMPLES:
+        runs = plan(sample)
+        assert {m for _, m, _, _ in runs} == {"pipelined", "streaming"}, sample.name
+        assert {e for _, _, e, _ in runs} == {"fast", "reference"}, sample.name
+        assert {c for c, _, _, _ in runs} == {"fx", "export"} - set(sample.not_captured), sample.name
+    dtypes = {d for s in SAMPLES for *_, d in plan(s)}
+    assert {torch.float32, torch.float64, torch.bfloat16, torch.float16} <= dtypes
