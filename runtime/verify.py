@@ -1,12 +1,17 @@
 """The invariants of a ``DataflowProgram``; each failure is a ``VerifyError`` naming the kernel and the PE.
 
-Checked on every program: names and op kinds, values defined before use, regions inside the mesh
-and (pipelined) not overlapping, colors within the hardware's limit, and every consumer of a value
-listed on a route of that value. With payloads (not for a program parsed from text) also: each PE's
-SRAM, the sparse kernels' CSC slices (offsets monotone, indices sorted and in range), and the
-routes' router entries (on the mesh, each hop received by the next PE on the same color, no two
-routes on one color at one PE at once, sources in the producer's region, and each consumer's region
-reached)::
+Checked on every program: names and op kinds, values defined before use, sizes and size attrs in
+range, a sparse matmul's arrays all named, regions inside the mesh and (pipelined) not overlapping,
+colors within the hardware's limit, routes between known kernels within the runs table, and every
+consumer of a value listed on a route of that value. With payloads (not for a program parsed from
+text) also: the sparse kernels' CSC slices (offsets monotone, indices sorted and in range), each PE's
+SRAM, and the routes' runs (straight, on the mesh) and router entries (each hop received by the next
+PE on the same color, no two routes on one color at one PE at once, sources in the producer's region,
+and each consumer's region reached).
+
+Every size is checked before it sizes an allocation, so a hostile file costs memory in proportion to
+its size plus the per-PE arrays of its mesh (``MeshSpec`` bounds the mesh): the runs of one color are
+expanded at a time, after their lengths are summed (a color's routes hold at most one entry per PE)::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
     >>> p = DataflowProgram(MeshSpec(2, 2), HardwareSpec(), "pipelined", "block")
@@ -19,16 +24,37 @@ reached)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sparsefx.errors import VerifyError
 
 from .memory import pe_bytes
 from .mesh import Dir
-from .program import MODES, OPS, DataflowProgram, Kernel, Region, Route
-from .routes import expand
+from .program import MODES, OPS, ArraySpec, DataflowProgram, Kernel, Region, Route
+from .routes import RUN_FIELDS, expand
 
-__all__ = ["verify_program"]
+__all__ = ["verify_program", "MAX_VALUE_ELEMENTS", "MAX_ROWS_IN_FLIGHT", "SPARSE_ROLES"]
+
+MAX_VALUE_ELEMENTS = 2**34
+"""Most elements a value (a program input or a kernel's result) may have."""
+
+MAX_ROWS_IN_FLIGHT = 2**24
+"""Most rows a kernel may take per block (``attrs["rows_in_flight"]``)."""
+
+SPARSE_ROLES = ("values", "row_idx", "nz_ptr", "col_ptr", "col_ptr_off", "out_lo", "out_hi")
+"""The arrays every sparse matmul names (``in_lo`` and ``in_hi`` come together or not at all)."""
+
+# attrs the SRAM model and the CSC checks read as sizes: name -> (least, most)
+_SIZE_ATTRS = {
+    "rows_in_flight": (1, MAX_ROWS_IN_FLIGHT),
+    "split": (0, 64),
+    "in_features": (0, MAX_VALUE_ELEMENTS),
+    "out_features": (0, MAX_VALUE_ELEMENTS),
+}
+_SLACK = 64  # entries a batch may hold past twice the mesh's PEs before it is refused unexpanded
+_STRAIGHT = {0: (0, 0), int(Dir.N): (0, -1), int(Dir.E): (1, 0), int(Dir.S): (0, 1), int(Dir.W): (-1, 0)}
 
 
 def verify_program(p: DataflowProgram) -> None:
@@ -38,13 +64,14 @@ def verify_program(p: DataflowProgram) -> None:
     if p.mode == "pipelined":
         _check_overlap(p)
     _check_colors(p)
+    _check_route_fields(p)
     _check_consumers(p)
     if not p.has_payloads:
         return
     for k in p.kernels:
-        _check_memory(p, k)
         if k.op == "sparse_matmul":
             _check_csc(p, k)
+        _check_memory(p, k)
     _check_routes(p)
 
 
@@ -62,6 +89,8 @@ def _check_header(p: DataflowProgram) -> None:
 
 def _check_kernels(p: DataflowProgram) -> None:
     defined = {s.name for s in p.inputs}
+    for s in p.inputs:
+        _check_shape(s.shape, f"program input {s.name!r}")
     for k in p.kernels:
         if k.name in defined:
             raise _fail(
@@ -73,13 +102,64 @@ def _check_kernels(p: DataflowProgram) -> None:
             if v not in defined:
                 raise _fail(k.name, f"reads {v!r}, which no input or earlier kernel defines")
         _check_region(p, k.name, k.region)
+        _check_shape(k.shape, f"kernel {k.name!r}: its value")
+        _check_size_attrs(k)
         for role, array in k.arrays.items():
             if array not in p.specs:
                 raise _fail(k.name, f"array {role!r} names {array!r}, which the program does not hold")
+        if k.op == "sparse_matmul":
+            _check_sparse_roles(k)
         defined.add(k.name)
     for out in p.outputs:
         if out not in defined:
             raise VerifyError(f"program output {out!r} is not an input or a kernel")
+
+
+def _check_shape(shape: tuple[int, ...], what: str) -> None:
+    """Dims are ints >= 0 and the value has at most ``MAX_VALUE_ELEMENTS`` elements (counting a dim of 0
+    as 1, so that no product of its dims, such as its features, is larger)."""
+    elements = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise VerifyError(f"{what} has shape {_short(shape)}; dims are ints >= 0")
+        elements *= max(d, 1)
+    if elements > MAX_VALUE_ELEMENTS:
+        raise VerifyError(
+            f"{what} has shape {_short(shape)}; a value has at most {MAX_VALUE_ELEMENTS:,} elements "
+            "(a dim of 0 counted as 1)"
+        )
+
+
+def _check_size_attrs(k: Kernel) -> None:
+    for name, (least, most) in _SIZE_ATTRS.items():
+        if name not in k.attrs:
+            continue
+        value = k.attrs[name]
+        if type(value) is not int or not least <= value <= most:
+            raise _fail(k.name, f"attrs[{name!r}] is {_short(value)}; expected an int in [{least}, {most}]")
+    if k.op == "sparse_matmul" and "in_lo" not in k.arrays:
+        for name in ("in_features", "out_features"):
+            if name not in k.attrs:
+                raise _fail(k.name, f"attrs has no {name!r}; a sparse matmul records its {name}")
+
+
+def _check_sparse_roles(k: Kernel) -> None:
+    missing = [role for role in SPARSE_ROLES if role not in k.arrays]
+    if ("in_lo" in k.arrays) != ("in_hi" in k.arrays):
+        missing.append("in_hi" if "in_lo" in k.arrays else "in_lo")
+    if missing:
+        raise _fail(
+            k.name,
+            f"a sparse matmul names the arrays {', '.join(SPARSE_ROLES)} (and in_lo with in_hi); "
+            f"{', '.join(missing)} missing",
+        )
+    if "out_features" not in k.attrs and "bias" in k.arrays:
+        raise _fail(k.name, "attrs has no 'out_features'; a sparse matmul with a bias records it")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_region(p: DataflowProgram, name: str, r: Region) -> None:
@@ -121,6 +201,47 @@ def _check_colors(p: DataflowProgram) -> None:
                 raise _fail(
                     k.name, f"task {t.name!r} uses color {t.color}; the hardware has {limit} (0-{limit - 1})"
                 )
+
+
+def _check_route_fields(p: DataflowProgram) -> None:
+    """Each route runs between known ends, on rows of the runs table, at a step of the program."""
+    if not p.routes:
+        return
+    kernels = {k.name for k in p.kernels}
+    values = kernels | {s.name for s in p.inputs}
+    spec = p.specs.get("routes.runs", ArraySpec("int32", (0, len(RUN_FIELDS))))  # none: routes without runs
+    if (
+        spec.dtype not in ("int64", "int32", "int16")
+        or len(spec.shape) != 2
+        or spec.shape[1] != len(RUN_FIELDS)
+    ):
+        raise VerifyError(
+            f"array 'routes.runs' is {spec.dtype}{list(spec.shape)}; expected an int array of "
+            f"[runs, {len(RUN_FIELDS)}] ({', '.join(RUN_FIELDS)})"
+        )
+    rows = spec.shape[0]
+    for r in p.routes:
+        owner = _owner(r) if _owner(r) in kernels else r.name
+        if r.src != "host" and r.src not in kernels:
+            raise _fail(owner, f"route {r.name!r} starts at {r.src!r}, which is not a kernel or the host")
+        strays = [d for d in r.dsts if d != "host" and d not in kernels]
+        if strays:
+            raise _fail(owner, f"route {r.name!r} goes to {strays[0]!r}, which is not a kernel or the host")
+        if r.value not in values:
+            raise _fail(owner, f"route {r.name!r} carries {r.value!r}, which no input or kernel defines")
+        if r.kind not in ("value", "internal"):
+            raise _fail(owner, f"route {r.name!r} has kind {r.kind!r}; kinds are value and internal")
+        if not (r.first >= 0 and r.count >= 0 and r.first + r.count <= rows):
+            raise _fail(
+                owner,
+                f"route {r.name!r} takes runs[{r.first}:{r.first + r.count}]; 'routes.runs' has rows "
+                f"[0:{rows}]",
+            )
+        if not -1 <= r.step < max(len(p.kernels), 1):
+            raise _fail(
+                owner,
+                f"route {r.name!r} is used at step {r.step}; steps are -1 (always) to {len(p.kernels) - 1}",
+            )
 
 
 def _check_consumers(p: DataflowProgram) -> None:
@@ -233,38 +354,117 @@ def _owner(route: Route) -> str:
     return route.dsts[0] if route.src == "host" and route.dsts else route.src
 
 
+@dataclass(frozen=True)
+class _Table:
+    """The runs table and, per route, its first run, run count, router entries and whether it ends at
+    the host."""
+
+    runs: torch.Tensor
+    first: torch.Tensor
+    counts: torch.Tensor
+    entries: list[int]
+    to_host: torch.Tensor
+
+
 def _check_routes(p: DataflowProgram) -> None:
     """Router entries of all routes: on the mesh, once per route, hops received, ends right, and no two
-    routes on one color at one PE at once. A streaming program's routes are expanded a step at a time
-    (with the routes of every step), so the entries of one step are in memory at once: on ``wse2`` each
-    step's routes cover most of the mesh's 754K PEs."""
+    routes on one color at one PE at once. The runs are checked straight and on the mesh first, then
+    expanded one color at a time (a streaming program's, one color of one step at a time, with that
+    color's routes of every step), each batch summed before it is expanded: no PE holds two entries of
+    one color at once, so a batch of far more entries than the mesh has PEs is refused unexpanded."""
     if not p.routes:
         return
+    empty = torch.zeros((0, len(RUN_FIELDS)), dtype=torch.int64)
+    runs = p.arrays.get("routes.runs", empty).to(torch.int64)
     counts = torch.tensor([r.count for r in p.routes], dtype=torch.int64)
     first = torch.tensor([r.first for r in p.routes], dtype=torch.int64)  # each route's first run
-    steps = torch.tensor([r.step for r in p.routes], dtype=torch.int64)
-    if p.mode != "streaming":
-        _check_conflicts(p, _check_batch(p, torch.arange(len(p.routes)), first, counts))
-        return
-    always = _check_batch(p, (steps < 0).nonzero().squeeze(1), first, counts)
-    for step in torch.unique(steps[steps >= 0]).tolist():
-        entries = _check_batch(p, (steps == step).nonzero().squeeze(1), first, counts)
-        _check_conflicts(p, torch.cat([always, entries]))
-    if not bool((steps >= 0).any()):
-        _check_conflicts(p, always)
+    entries = _check_runs(p, runs, first, counts)
+    table = _Table(runs, first, counts, entries, torch.tensor(["host" in r.dsts for r in p.routes]))
+    for color in sorted({r.color for r in p.routes}):
+        always, by_step = _batches(p, color)
+        held = _check_batch(p, table, always)
+        if not by_step:
+            _check_conflicts(p, held)
+        for step in sorted(by_step):
+            _check_conflicts(p, torch.cat([held, _check_batch(p, table, by_step[step], len(held))]))
 
 
-def _check_batch(
-    p: DataflowProgram, routes: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
-    """The per-route checks of ``routes`` (global indices, ascending); returns their ``(step, color, pe,
-    route)`` entries."""
-    if len(routes) == 0:
+def _batches(p: DataflowProgram, color: int) -> tuple[list[int], dict[int, list[int]]]:
+    """The routes on ``color`` in use at every step, and by step the others (streaming only)."""
+    always, by_step = [], {}
+    for i, r in enumerate(p.routes):
+        if r.color != color:
+            continue
+        if r.step < 0 or p.mode != "streaming":
+            always.append(i)
+        else:
+            by_step.setdefault(r.step, []).append(i)
+    return always, by_step
+
+
+def _check_runs(
+    p: DataflowProgram, runs: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
+) -> list[int]:
+    """Every run a route takes is straight and on the mesh; returns each route's router entries (the sum
+    of its runs' lengths)."""
+    width, height = p.mesh.width, p.mesh.height
+    d, length = runs[:, 2], runs[:, 3]
+    dx, dy = torch.zeros_like(d), torch.zeros_like(d)
+    known = torch.zeros_like(d, dtype=torch.bool)
+    for bits, (sx, sy) in _STRAIGHT.items():
+        at = d == bits
+        known |= at
+        dx[at], dy[at] = sx, sy
+    last = (length - 1).clamp(min=0)
+    x1, y1 = runs[:, 0] + dx * last, runs[:, 1] + dy * last
+    on = (runs[:, 0] >= 0) & (runs[:, 0] < width) & (runs[:, 1] >= 0) & (runs[:, 1] < height)
+    on &= (x1 >= 0) & (x1 < width) & (y1 >= 0) & (y1 < height)
+    bad = ~known | (length < 0) | ((d == 0) & (length > 1)) | ((length > 0) & ~on)
+    totals = []
+    for r, f, n in zip(p.routes, first.tolist(), counts.tolist()):
+        wrong = bad[f : f + n].nonzero()
+        if len(wrong):
+            row = f + int(wrong[0])
+            x0, y0, bits, size = (int(v) for v in runs[row, :4])
+            going = Dir.format(bits) if bits in _STRAIGHT else str(bits)
+            raise _fail(
+                _owner(r),
+                f"route {r.name!r}: run {row} of 'routes.runs' ({size} PEs from ({x0}, {y0}) going "
+                f"{going}): {_run_flaw(bits, size, p)}",
+            )
+        totals.append(int(length[f : f + n].sum()))
+    return totals
+
+
+def _run_flaw(bits: int, size: int, p: DataflowProgram) -> str:
+    if bits not in _STRAIGHT or (bits == 0 and size > 1):
+        return f"direction {bits} is not one of N=1, E=2, S=4, W=8"
+    if size < 0:
+        return f"length {size} is negative"
+    return f"it leaves the {p.mesh} mesh"
+
+
+def _check_batch(p: DataflowProgram, table: _Table, batch: list[int], held: int = 0) -> torch.Tensor:
+    """The per-route checks of the routes ``batch`` (global indices, ascending, one color); returns their
+    ``(step, color, pe, route)`` entries. With the ``held`` entries of the same color, a batch holds at
+    most one entry per PE; one that holds far more is refused before it is expanded (one a little over
+    is expanded, to name the PE that holds two)."""
+    if not batch:
         return torch.zeros((0, 4), dtype=torch.int64)
-    n = counts[routes]
+    total = sum(table.entries[i] for i in batch) + held
+    if total > 2 * p.mesh.pes + _SLACK:
+        r = p.routes[batch[0]]
+        raise _fail(
+            _owner(r),
+            f"the routes on color {r.color} (route {r.name!r} among them) hold {total:,} router entries"
+            f"{' at once' if p.mode == 'streaming' else ''}; the {p.mesh} mesh has {p.mesh.pes:,} PEs, "
+            "so some PE holds two entries of that color",
+        )
+    routes = torch.tensor(batch, dtype=torch.int64)
+    first, n = table.first[routes], table.counts[routes]
     local = torch.repeat_interleave(torch.arange(len(routes)), n)
-    rows = first[routes][local] + torch.arange(int(n.sum())) - (torch.cumsum(n, 0) - n)[local]
-    runs = p.arrays["routes.runs"][rows]
+    rows = first[local] + torch.arange(int(n.sum())) - (torch.cumsum(n, 0) - n)[local]
+    runs = table.runs[rows]
     run_route = routes[local]
     pe, rx, tx = expand(runs, p.mesh)
     lengths = runs[:, 3].to(torch.int64).clamp(min=0)
@@ -285,7 +485,7 @@ def _check_batch(
             f"route {r.name!r} sets the router of PE ({at % p.mesh.width}, "
             f"{at // p.mesh.width}) twice on color {r.color}",
         )
-    _check_hops(p, route, pe, tx, rx[order], skey)
+    _check_hops(p, route, pe, tx, rx[order], skey, table.to_host)
     per = torch.zeros(len(routes), dtype=torch.int64).index_add_(0, local, lengths)  # entries per route
     bounds = torch.cumsum(per, 0)
     start = 0
@@ -307,11 +507,12 @@ def _check_hops(
     tx: torch.Tensor,
     sorted_rx: torch.Tensor,
     sorted_key: torch.Tensor,
+    host_bound: torch.Tensor,
 ) -> None:
     """Every hop a PE sends is received by the neighbour's entry of the same route (or leaves to the host)."""
     width, height, pes = p.mesh.width, p.mesh.height, p.mesh.pes
     x, y = pe % width, pe // width
-    to_host = torch.tensor(["host" in r.dsts for r in p.routes])[route]
+    to_host = host_bound[route]
     for d in (Dir.N, Dir.E, Dir.S, Dir.W):
         sends = (tx & int(d)) != 0
         if not bool(sends.any()):

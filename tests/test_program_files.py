@@ -6,6 +6,8 @@ Bad files are built from a valid one: its members are read, changed and packed a
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import hashlib
 import io
@@ -13,10 +15,12 @@ import json
 import os
 import random
 import struct
+import subprocess
 import sys
 import time
 import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -633,3 +637,220 @@ def test_fuzzed_files_load_or_raise_program_format_error(saved: Path, tmp_path: 
         assert time.monotonic() - start < 2.0, "one load took too long"
         cases += 1
     assert outcomes["refused"] > 0 and cases >= 50
+
+
+# -- sizes: huge meshes, garbage offsets and counts ---------------------------------------------------
+# Every size a file declares is bounded before it sizes an allocation (``MeshSpec`` bounds the mesh,
+# ``verify`` the runs, offsets, counts, shapes and size attrs), so these are ProgramFormatError or
+# VerifyError, in memory bounded by the file's size plus the per-PE arrays of its mesh. The cases that
+# once allocated gigabytes run under a cap on the address space (``_capped``): a regression fails with an
+# allocation error instead of taking the machine's memory.
+HUGE_MESHES = ("1000000x1000000", "30000x30000")
+
+
+@pytest.mark.parametrize("mesh", HUGE_MESHES)
+def test_a_huge_mesh_in_the_text_or_the_manifest_is_refused_by_name(
+    mesh: str, saved: Path, tmp_path: Path
+) -> None:
+    members = _members(saved)
+    text = members[TEXT].replace(b"mesh 4x2", f"mesh {mesh}".encode())
+    path = _pack(tmp_path / "mesh.sfxp", _rehash({**members, TEXT: text}))
+    refused = rf"program.txt: line 2, column 6: .*mesh {mesh} has [\d,]+ PEs; sparsefx takes at most"
+    assert_message(_load_error(path), refused)
+    manifest = json.loads(members[MANIFEST])  # its sizes are checked against the zip's before any is used
+    manifest["members"][TENSORS]["size"] = 10**12
+    manifest["counts"]["payload_bytes"] = 10**30
+    path = _pack(tmp_path / "manifest.sfxp", {**members, MANIFEST: json.dumps(manifest).encode()})
+    assert_message(_load_error(path), r"says tensors.safetensors is 1000000000000 bytes; the zip holds \d+")
+
+
+def test_huge_meshes_are_refused_without_allocating_in_a_fresh_process(saved: Path, tmp_path: Path) -> None:
+    """A 30000x30000 mesh once took 3.7 GB to refuse (the verifier's owner grid): now the peak RSS of a
+    fresh process that loads such files and parses such texts grows by less than 64 MB."""
+    members = _members(saved)
+    paths = []
+    for mesh in HUGE_MESHES:
+        text = members[TEXT].replace(b"mesh 4x2", f"mesh {mesh}".encode())
+        paths.append(str(_pack(tmp_path / f"{mesh}.sfxp", _rehash({**members, TEXT: text}))))
+    script = f"""
+import resource
+import sparsefx
+from sparsefx.errors import ProgramFormatError
+
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for path in {paths!r}:
+    try:
+        sparsefx.load_program(path).verify()
+    except ProgramFormatError as exc:
+        assert "PEs; sparsefx takes at most" in str(exc), exc
+    else:
+        raise AssertionError(path)
+    text = {members[TEXT].decode()!r}.replace("mesh 4x2", "mesh " + path.rsplit("/", 1)[1][:-5])
+    try:
+        sparsefx.parse_program(text).verify()
+    except ProgramFormatError as exc:
+        assert "PEs; sparsefx takes at most" in str(exc), exc
+    else:
+        raise AssertionError(text[:60])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    grown_kb = int(out.stdout.split()[-1])
+    assert grown_kb < 64 * 1024, f"refusing the files grew the peak RSS by {grown_kb} KB"
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A real MLP program on an 8x8 mesh in each mode, saved: sparse kernels, routes, runs, offsets."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    sm = sparsefx.compile(model, 0.5, x)
+    folder = tmp_path_factory.mktemp("lowered")
+    out = {}
+    for mode in ("pipelined", "streaming"):
+        out[mode] = folder / f"{mode}.sfxp"
+        placement = "balanced" if mode == "pipelined" else "block"  # both, each where it lowers fast
+        sparsefx.lower(sm, x, mesh=(8, 8), mode=mode, placement=placement).save(str(out[mode]))
+    return out
+
+
+@contextlib.contextmanager
+def _capped(extra: int = 3 * 2**30) -> Iterator[None]:
+    """At most ``extra`` more bytes of address space while the block runs (Linux), so that a runaway
+    allocation fails as an error rather than exhausting the machine."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    cap = size + extra if hard == resource.RLIM_INFINITY else min(size + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _verify_error(program: DataflowProgram, tmp_path: Path) -> str:
+    """Save ``program`` (its flaws included), load it and verify: the message of the error raised."""
+    path = tmp_path / "hostile.sfxp"
+    program.save(str(path))
+    with _capped(), pytest.raises((ProgramFormatError, VerifyError)) as info:
+        load_program(path).verify()
+    return str(info.value)
+
+
+def _sparse(program: DataflowProgram) -> Kernel:
+    return next(k for k in program.kernels if k.op == "sparse_matmul")
+
+
+def _set(program: DataflowProgram, role: str, index: int, value: int) -> None:
+    array = program.array(_sparse(program), role) if role != "routes.runs" else program.arrays[role]
+    array.view(-1)[index] = value
+
+
+def _route(program: DataflowProgram, **changes: Any) -> None:
+    program.routes[1] = dataclasses.replace(program.routes[1], **changes)
+
+
+def _attr(program: DataflowProgram, name: str, value: Any) -> None:
+    _sparse(program).attrs[name] = value
+
+
+BIG = 2**31 - 1
+HOSTILE = {
+    "runs length huge": (lambda p: _set(p, "routes.runs", 3, BIG), r"run 0 of 'routes.runs' \(2147483647 PE"),
+    "runs length negative": (lambda p: _set(p, "routes.runs", 3, -3), r"length -3 is negative"),
+    "runs start off the mesh": (lambda p: _set(p, "routes.runs", 10, -(2**31)), r"leaves the 8x8 mesh"),
+    "runs direction": (lambda p: _set(p, "routes.runs", 2, 3), r"direction 3 is not one of N=1, E=2"),
+    "runs overflow": (lambda p: _set(p, "routes.runs", 1, BIG), r"run 0 of 'routes.runs' .* leaves the 8x8"),
+    "route runs past the table": (lambda p: _route(p, first=5, count=10**30), r"takes runs\[5:10{29}5\]"),
+    "route count negative": (lambda p: _route(p, count=-2), r"takes runs\[\d+:\d+\]; 'routes.runs' has rows"),
+    "route first negative": (lambda p: _route(p, first=-(2**63)), r"takes runs\[-9223372036854775808:"),
+    "route step": (lambda p: _route(p, step=10**20), r"is used at step 100000000000000000000; steps are -1"),
+    "route to nowhere": (lambda p: _route(p, dsts=("nowhere",)), r"goes to 'nowhere', which is not a kernel"),
+    "nz_ptr negative": (lambda p: _set(p, "nz_ptr", 1, -1), r"nz_ptr is not monotone"),
+    "nz_ptr huge": (lambda p: _set(p, "nz_ptr", 2, 2**62), r"nz_ptr is not monotone"),
+    "col_ptr_off huge": (lambda p: _set(p, "col_ptr_off", 1, 2**62), r"col_ptr_off"),
+    "col_ptr garbage": (lambda p: _set(p, "col_ptr", 1, -(2**31)), r"col_ptr of PE .* is not monotone"),
+    "row_idx out of range": (lambda p: _set(p, "row_idx", 0, 2**15 - 1), r"row_idx of PE .* has 32767"),
+    "out_hi huge": (lambda p: _set(p, "out_hi", 0, BIG), r"output range \[\d+, 2147483647\) of PE"),
+    "in_hi negative": (lambda p: _set(p, "in_hi", 0, -5), r"input range of PE .* is not inside"),
+    "rows_in_flight huge": (lambda p: _attr(p, "rows_in_flight", 10**30), r"attrs\['rows_in_flight'\] is 10"),
+    "rows_in_flight text": (lambda p: _attr(p, "rows_in_flight", "x"), r"attrs\['rows_in_flight'\] is 'x'"),
+    "in_features": (lambda p: _attr(p, "in_features", -1), r"attrs\['in_features'\] is -1; expected an int"),
+    "role missing": (lambda p: _sparse(p).arrays.pop("col_ptr"), r"col_ptr missing"),
+    "value shape": (
+        lambda p: setattr(_sparse(p), "shape", (0, 10**30)),
+        r"has shape \(0, 10{30}\); a value has at most 17,179,869,184 elements",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "streaming"])
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_garbage_offsets_counts_and_sizes_are_refused_by_name(
+    case: str, mode: str, lowered: dict[str, Path], tmp_path: Path
+) -> None:
+    program = load_program(lowered[mode])
+    program.verify()
+    spoil, message = HOSTILE[case]
+    spoil(program)
+    assert_message(_verify_error(program, tmp_path), message)
+
+
+def test_more_router_entries_on_a_color_than_the_mesh_has_pes(
+    lowered: dict[str, Path], tmp_path: Path
+) -> None:
+    """Copies of one route on its color: far more entries than PEs are refused before they are expanded."""
+    program = load_program(lowered["pipelined"])
+    route = next(r for r in program.routes if r.kind == "value" and r.src != "host")
+    copies = 2 * program.mesh.pes + 64  # each route holds at least one entry
+    program.routes += [dataclasses.replace(route, name=f"{route.name}_{i}") for i in range(copies)]
+    assert_message(
+        _verify_error(program, tmp_path),
+        rf"the routes on color {route.color} .* hold [\d,]+ router entries; the 8x8 mesh has 64 PEs",
+    )
+
+
+_JUNK_INTS = (-1, -(2**31), 2**31 - 1, 2**15 - 1, -(2**15), 0, 1, 7, 8, 9, 63, 64, 65)
+
+
+def test_fuzzed_payload_arrays_and_routes_verify_or_raise_verify_error(
+    lowered: dict[str, Path], tmp_path: Path
+) -> None:
+    """Random garbage in the int arrays (runs, offsets, counts, indices) and the routes' fields, through a
+    file: every case loads and verifies, or raises ProgramFormatError or VerifyError, quickly."""
+    rng = random.Random(2205)
+    programs = {mode: load_program(path) for mode, path in lowered.items()}
+    refused = 0
+    for case in range(40):
+        program = load_program(lowered[rng.choice(sorted(programs))])
+        if rng.random() < 0.75:
+            name = rng.choice(sorted(n for n, t in program.arrays.items() if not t.is_floating_point()))
+            flat = program.arrays[name].view(-1)
+            info = torch.iinfo(flat.dtype)
+            for _ in range(rng.randint(1, 3)):
+                value = min(max(rng.choice(_JUNK_INTS), info.min), info.max)
+                flat[rng.randrange(flat.numel())] = value
+        else:
+            i = rng.randrange(len(program.routes))
+            field = rng.choice(["first", "count", "step", "color"])
+            value = rng.choice([-1, -5, 3, 10**6, 2**40, 2**63, 10**30])
+            program.routes[i] = dataclasses.replace(program.routes[i], **{field: value})
+        path = tmp_path / f"fuzz{case % 2}.sfxp"
+        program.save(str(path))
+        start = time.monotonic()
+        with _capped():
+            try:
+                load_program(path).verify()
+            except (ProgramFormatError, VerifyError):
+                refused += 1
+        assert time.monotonic() - start < 5.0, f"case {case} took too long"
+    assert refused > 20
