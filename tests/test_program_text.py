@@ -8,8 +8,10 @@ The goldens are verbatim program text, so their lines run past the line-length l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
+import re
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sparsefx
-from sparsefx.errors import ProgramFormatError
+from sparsefx.errors import ProgramFormatError, VerifyError
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import ArraySpec, DataflowProgram, Kernel, Region, Route, Stream, Task
 from sparsefx.runtime.text import parse_program, print_program
@@ -377,7 +379,10 @@ BAD = [
         "1,000,000,000,000 PEs; sparsefx takes at most 893,064, as the largest preset, wse3 (762x1172), has; "
         "set the environment variable SPARSEFX_MAX_MESH_PES",
     ),
-    (_replace("mesh 8x2", "mesh 30000x30000"), "(mesh 30000x30000 has 900,000,000 PEs; sparsefx takes at most"),
+    (
+        _replace("mesh 8x2", "mesh 30000x30000"),
+        "(mesh 30000x30000 has 900,000,000 PEs; sparsefx takes at most",
+    ),
     (_replace("mesh 8x2", "mesh 8y2"), "line 2, column 7: expected 'x'; found 'y2"),
     (_replace(" colors=24 ", " colors=0 "), "line 3, column 10: expected valid hardware (hardware colors 0"),
     (_replace(" colors=24 ", " "), "line 3, column 81: expected 'colors'; found 'clock_hz=850000000.0"),
@@ -478,21 +483,32 @@ ALPHABET = '%@[](){}:,=-> "\\x0123456789.?/\nabhnNI\t\u00b5'
 
 
 def _parses_or_format_error(text: str) -> None:
-    """The only outcomes: a ``ProgramFormatError``, or a program that prints a text that round-trips."""
+    """The only outcomes: a ``ProgramFormatError``, or a program that prints a text that round-trips and
+    verifies or raises ``VerifyError`` (whatever sizes the text declares)."""
     try:
         q = parse_program(text)
     except ProgramFormatError:
         return
     again = print_program(q)
     assert print_program(parse_program(again)) == again
+    with contextlib.suppress(VerifyError):
+        q.verify()
+
+
+_NUMBERS = ("0", "-1", "7", "65535", "1000000", "2147483648", "9" * 30)
 
 
 def _mutate(text: str, rnd: random.Random, edits: int) -> str:
     lines = text.split("\n")
     for _ in range(edits):
         i = rnd.randrange(len(lines))
-        what = rnd.choice(("delete", "duplicate", "swap", "flip", "flip", "flip", "cut"))
-        if what == "delete" and len(lines) > 1:
+        what = rnd.choice(("delete", "duplicate", "swap", "flip", "flip", "flip", "cut", "number", "number"))
+        if what == "number":  # a number of the line (a size, offset, count, step ...) becomes another
+            spans = [m.span() for m in re.finditer(r"\d+", lines[i])]
+            if spans:
+                a, b = rnd.choice(spans)
+                lines[i] = lines[i][:a] + rnd.choice(_NUMBERS) + lines[i][b:]
+        elif what == "delete" and len(lines) > 1:
             del lines[i]
         elif what == "duplicate":
             lines.insert(i, lines[i])
@@ -556,3 +572,40 @@ def test_any_names_and_plain_json_round_trip(names: list[str], data: object, dty
     q = parse_program(text)
     assert_same_program(q, p)
     assert print_program(q) == text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "runs[2:4]",
+            "runs[2:" + "9" * 40 + "]",
+            r"route 'fc1.reduce' takes runs\[2:9{40}\]; 'routes.runs' has rows",
+        ),
+        ("runs[4:6]", "runs[4:1]", r"route 'fc1.relu' takes runs\[4:1\]"),
+        (
+            "runs[6:8] step=-1",
+            "runs[6:8] step=" + "9" * 30,
+            r"route 'relu.fc2' is used at step 9{30}; steps are -1",
+        ),
+        ("float32[8, 32] routes", "float32[8, " + "9" * 30 + "] routes", r"its value has shape \(8, 9{30}\)"),
+        (
+            '"lanes": 2, "out_features": 32',
+            '"lanes": 2, "out_features": 1e300',
+            r"attrs\['out_features'\] is 1e\+300",
+        ),
+        ("arrays={bias: fc1.bias, col_ptr: fc1.col_ptr, ", "arrays={bias: fc1.bias, ", r"col_ptr missing"),
+        (
+            "-> [%fc1] kind=internal",
+            "-> [%nowhere] kind=internal",
+            r"goes to 'nowhere', which is not a kernel",
+        ),
+    ],
+)
+def test_huge_and_garbage_sizes_in_a_text_are_verify_errors(old: str, new: str, message: str) -> None:
+    """Sizes, offsets and counts the text declares parse as numbers; ``verify`` bounds them by name
+    before anything they size is allocated."""
+    assert MLP_TEXT.count(old) == 1
+    program = parse_program(MLP_TEXT.replace(old, new))
+    with pytest.raises(VerifyError, match=message):
+        program.verify()
