@@ -37,7 +37,7 @@ from .routes import RUN_FIELDS, expand
 
 __all__ = ["verify_program", "MAX_VALUE_ELEMENTS", "MAX_ROWS_IN_FLIGHT", "SPARSE_ROLES"]
 
-MAX_VALUE_ELEMENTS = 2**34
+MAX_VALUE_ELEMENTS = 2**31
 """Most elements a value (a program input or a kernel's result) may have."""
 
 MAX_ROWS_IN_FLIGHT = 2**24

@@ -788,7 +788,7 @@ HOSTILE = {
     "role missing": (lambda p: _sparse(p).arrays.pop("col_ptr"), r"col_ptr missing"),
     "value shape": (
         lambda p: setattr(_sparse(p), "shape", (0, 10**30)),
-        r"has shape \(0, 10{30}\); a value has at most 17,179,869,184 elements",
+        r"has shape \(0, 10{30}\); a value has at most 2,147,483,648 elements",
     ),
 }
 
@@ -854,3 +854,20 @@ def test_fuzzed_payload_arrays_and_routes_verify_or_raise_verify_error(
                 refused += 1
         assert time.monotonic() - start < 5.0, f"case {case} took too long"
     assert refused > 20
+
+
+@pytest.mark.parametrize("command", ["inspect", "run"])
+def test_the_cli_reports_a_hostile_file_in_one_line(
+    command: str, lowered: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparsefx import cli
+
+    program = load_program(lowered["pipelined"])
+    program.arrays["routes.runs"][0, 3] = 2**31 - 1  # once a raw allocator error the CLI printed
+    path = tmp_path / "hostile.sfxp"
+    program.save(str(path))
+    with _capped():
+        assert cli.main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sparsefx: error: kernel ") and "run 0 of 'routes.runs' (2147483647 PEs" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
