@@ -49,11 +49,15 @@ __all__ = [
     "DIRS",
     "MAX_MESH_PES",
     "MAX_MESH_PES_ENV",
+    "MAX_COLORS",
     "max_mesh_pes",
 ]
 
 MAX_MESH_PES = 762 * 1172
 """The most PEs a mesh may have by default: the largest preset's (``wse3``)."""
+
+MAX_COLORS = 2**16
+"""Most routable colors a ``HardwareSpec`` may have (WSE-2 and WSE-3 have 24)."""
 
 MAX_MESH_PES_ENV = "SPARSEFX_MAX_MESH_PES"
 """The environment variable that raises the limit (a positive int; a value below ``MAX_MESH_PES`` does
@@ -222,6 +226,11 @@ class HardwareSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise LoweringError(f"hardware {name} {value!r} is not valid; it must be an integer >= 0")
+        colors, bits = self.colors, self.wavelet_bits
+        if not isinstance(colors, int) or colors > MAX_COLORS:
+            raise LoweringError(f"hardware colors {colors!r} is not valid; it must be an int 1-{MAX_COLORS}")
+        if not isinstance(bits, int) or bits % 8:
+            raise LoweringError(f"hardware wavelet_bits {bits!r} is not valid; it must be a multiple of 8")
         for dtype, width in self.simd_widths.items():
             if not isinstance(width, int) or isinstance(width, bool) or width < 1:
                 raise LoweringError(f"hardware simd width of {dtype} {width!r} is not valid; use an int >= 1")

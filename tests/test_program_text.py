@@ -385,6 +385,14 @@ BAD = [
     ),
     (_replace("mesh 8x2", "mesh 8y2"), "line 2, column 7: expected 'x'; found 'y2"),
     (_replace(" colors=24 ", " colors=0 "), "line 3, column 10: expected valid hardware (hardware colors 0"),
+    (
+        _replace(" colors=24 ", " colors=" + "9" * 30 + " "),
+        "expected valid hardware (hardware colors " + "9" * 30 + " is not valid; it must be an int 1-65536",
+    ),
+    (
+        _replace(" wavelet_bits=32 ", " wavelet_bits=4 "),
+        "expected valid hardware (hardware wavelet_bits 4 is not valid; it must be a multiple of 8",
+    ),
     (_replace(" colors=24 ", " "), "line 3, column 81: expected 'colors'; found 'clock_hz=850000000.0"),
     (
         _replace('meta {"model"', 'meta {"seed": 1, "model"'),
