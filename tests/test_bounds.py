@@ -82,6 +82,15 @@ def test_lower_refuses_a_huge_mesh_before_running_the_model(mlp) -> None:
     assert not calls
 
 
+def test_the_lower_command_refuses_a_huge_mesh_in_one_line(tmp_path, capsys) -> None:
+    out = tmp_path / "big.sfxp"
+    argv = ["lower", "--model", "mlp", "--config", "0.9", "--mesh", "30000x30000", "-o", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sparsefx: error: mesh 30000x30000 has 900,000,000 PEs; sparsefx takes at most")
+    assert MAX_MESH_PES_ENV in err and not out.exists()
+
+
 def test_the_environment_raises_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MAX_MESH_PES_ENV, str(2 * MAX_MESH_PES))
     assert MeshSpec(1000, 1000).pes == 10**6

@@ -55,8 +55,10 @@ def cmd_lower(args: argparse.Namespace) -> int:
     from sparsefx.config import load_config
     from sparsefx.models.registry import build_model
     from sparsefx.report import make_console
+    from sparsefx.runtime.mesh import mesh_spec
     from sparsefx.runtime.summary import summary, totals_table
 
+    mesh_spec(args.mesh)  # a bad or too large mesh fails before the model is built
     console = make_console()
     cfg = load_config(args.config)
     spec = build_model(args.model, input_shape=args.input_shape, batch=args.batch, device="cpu")
