@@ -219,8 +219,9 @@ def _reduce(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> 
 def _pool(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     fn, x = _attr(k, "fn", str), inputs[0]
-    if fn == "adaptive_avg":
-        return F.adaptive_avg_pool2d(x, _ints(k, "output_size"))
+    if fn == "adaptive_avg":  # one output size pools the last dim ([N, C, L]), two the last two
+        size = _ints(k, "output_size")
+        return (F.adaptive_avg_pool1d if len(size) == 1 else F.adaptive_avg_pool2d)(x, size)
     if fn not in ("max", "avg"):
         raise EmulationError(f"{_where(k)}: pool fn {fn!r} is not max, avg or adaptive_avg")
     kernel, ceil = _ints(k, "kernel_size"), bool(_attr(k, "ceil_mode", bool, False))

@@ -426,6 +426,7 @@ class Pools(nn.Module):
         self.mp2 = nn.MaxPool2d((2, 3), stride=(1, 2), ceil_mode=True)
         self.ap = nn.AvgPool2d(3, 2, 1, count_include_pad=False)
         self.aap = nn.AdaptiveAvgPool2d((2, None))
+        self.aap1 = nn.AdaptiveAvgPool1d(4)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [2, 3, 7, 8]
         return (
@@ -437,6 +438,8 @@ class Pools(nn.Module):
             F.avg_pool2d(x, (2, 3), ceil_mode=True, padding=1),
             self.aap(x),
             F.adaptive_avg_pool2d(x, 3),
+            self.aap1(x.flatten(2)),
+            F.adaptive_avg_pool1d(x[:, :, 0], 3),
         )
 
 
@@ -599,7 +602,8 @@ SAMPLES: tuple[Sample, ...] = (
         BatchNorms, _x(2, 4, 3, 5),
     ),
     Sample(
-        "pools", ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d"),
+        "pools",
+        ("max_pool2d", "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_avg_pool1d"),
         Pools, _x(2, 3, 7, 8),
     ),
     Sample("embeddings", ("embedding", "mul"), Embeddings, _ids),

@@ -102,6 +102,7 @@ MODULES: dict[type, str] = {
     nn.MaxPool2d: "max_pool2d",
     nn.AvgPool2d: "avg_pool2d",
     nn.AdaptiveAvgPool2d: "adaptive_avg_pool2d",
+    nn.AdaptiveAvgPool1d: "adaptive_avg_pool1d",
     nn.Flatten: "flatten",
     nn.Softmax: "softmax",
 }

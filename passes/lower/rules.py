@@ -421,12 +421,15 @@ def _pair(v: Any) -> list[int]:
     return [int(v), int(v)] if isinstance(v, int) else [int(a) for a in v] * (2 if len(v) == 1 else 1)
 
 
-@_rule("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool2d_with_indices")
+@_rule("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_avg_pool1d", "max_pool2d_with_indices")
 def _pool(b: Builder, c: Call) -> Any:
     x = _ref(b, c.args[0], c.node.name)
     m = c.module
-    if c.name == "adaptive_avg_pool2d":
-        attrs = {"fn": "adaptive_avg", "output_size": list(c.out.shape[-2:])}  # None sizes resolved
+    if c.name.startswith("adaptive_avg_pool"):  # the result's sizes: None sizes resolved
+        attrs = {
+            "fn": "adaptive_avg",
+            "output_size": list(c.out.shape[-1 if c.name.endswith("1d") else -2 :]),
+        }
     else:
         get = (lambda k, d: getattr(m, k)) if m is not None else (lambda k, d: c.get(k, default=d))
         kernel = _pair(get("kernel_size", None))
