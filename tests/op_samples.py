@@ -116,6 +116,7 @@ class Unary(nn.Module):
             x.sin(),
             torch.cos(x),
             x.square(),
+            aten.gelu.default(x, approximate="tanh"),
         )
 
 
@@ -206,6 +207,7 @@ class Casts(nn.Module):
             (x > 0).to(x.dtype),
             x.to(y),
             x.to("cpu"),
+            aten._to_copy.default(x, dtype=torch.float64),
         )
 
 
@@ -224,6 +226,7 @@ class Identities(nn.Module):
             x.contiguous() * 4,
             x.detach() + 5,
             x.clone() - 5,
+            aten.native_dropout.default(x, 0.3, False)[0] * 6,
         )
 
 
@@ -304,6 +307,7 @@ class Slices(nn.Module):
             aten.index.Tensor(x, [None, self.idx]),
             aten.slice.Tensor(x, -1, 1, 5, 2),
             aten.slice.Tensor(x, 1, -4),
+            aten.split_with_sizes.default(x, [1, 3], 0)[1],
         )
 
 
@@ -337,6 +341,11 @@ class Reductions(nn.Module):
             x.amax(-1),
             torch.amax(x, dim=(0, 1), keepdim=True),
             torch.amax(x),
+            aten.sum.default(x),
+            aten.sum.default(x, dtype=torch.float64),
+            aten.sum.dim_IntList(x, [], True),
+            aten.mean.default(x),
+            aten.amax.default(x),
         )
 
 
@@ -355,6 +364,8 @@ class Softmaxes(nn.Module):
             x.log_softmax(-1),
             F.softmax(x, dim=-1, dtype=torch.float64),
             torch.log_softmax(x, 1, dtype=torch.float64),
+            aten._softmax.default(x, -1, False),
+            aten._log_softmax.default(x, 0, False),
         )
 
 
@@ -380,6 +391,7 @@ class LayerNorms(nn.Module):
             self.ln3(x),
             F.layer_norm(x, (4, 5), self.norm_weight, None, 1e-2),
             F.layer_norm(x, [5], eps=0.5),
+            aten.native_layer_norm.default(x, [5], self.ln.weight, None, 1e-3)[0],
         )
 
 
@@ -453,7 +465,11 @@ class Embeddings(nn.Module):
         self.embedding_table = nn.Parameter(torch.randn(10, 3, generator=_gen(3)))
 
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.embedding(ids), F.embedding(ids, self.embedding_table, padding_idx=2) * 2
+        return (
+            self.embedding(ids),
+            F.embedding(ids, self.embedding_table, padding_idx=2) * 2,
+            aten.embedding.default(self.embedding_table, ids),
+        )
 
 
 def _ids(g: torch.Generator, dtype: torch.dtype) -> tuple:

@@ -12,6 +12,7 @@ sample claims must reach its rule under both captures (or be listed in ``ONE_PAT
 from __future__ import annotations
 
 import contextlib
+import copy
 import random
 import warnings
 from collections.abc import Iterator
@@ -19,11 +20,13 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from op_samples import ONE_PATH, SAMPLES, Sample
 from torch import nn
 from torch.utils import _pytree as pytree
 
 import sparsefx
+from sparsefx.errors import LoweringError
 from sparsefx.passes.lower.rules import RULES
 
 SEED = 22
@@ -135,3 +138,74 @@ def test_the_plan_covers_both_captures_modes_and_executors() -> None:
         assert {c for c, _, _, _ in runs} == {"fx", "export"} - set(sample.not_captured), sample.name
     dtypes = {d for s in SAMPLES for *_, d in plan(s)}
     assert {torch.float32, torch.float64, torch.bfloat16, torch.float16} <= dtypes
+
+
+class _Calls(nn.Module):
+    """A module whose forward is ``fn(self, x)``: one op under test."""
+
+    def __init__(self, fn: Any, **children: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+        for name, child in children.items():
+            self.add_module(name, child)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.fn(self, x)
+
+
+UNKNOWN = [  # (id, module, input shape, capture, the error must name)
+    ("function", _Calls(lambda m, x: torch.cumsum(x, 1)), (2, 3), "fx", "'cumsum'"),
+    ("aten-op", _Calls(lambda m, x: torch.cumsum(x, 1)), (2, 3), "export", "'cumsum'"),
+    ("aten-call", _Calls(lambda m, x: torch.ops.aten.logit.default(x, 1e-3)), (2, 3), "fx", "'logit'"),
+    ("module", _Calls(lambda m, x: m.act(x), act=nn.PReLU()), (2, 3), "fx", "PReLU"),
+    ("module-aten", _Calls(lambda m, x: m.act(x), act=nn.PReLU()), (2, 3), "export", "'prelu'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("module", "shape", "capture", "name"), [u[1:] for u in UNKNOWN], ids=[u[0] for u in UNKNOWN]
+)
+def test_an_op_without_a_rule_is_a_lowering_error_naming_it(
+    module: nn.Module, shape: tuple, capture: str, name: str
+) -> None:
+    x = torch.randn(shape)
+    sm = sparsefx.compile(module.eval(), 0.5, (x,), capture_method=capture)
+    with pytest.raises(LoweringError, match=f"{name}.*no lowering rule|no lowering rule.*{name}"):
+        sparsefx.lower(sm, x, mesh=(8, 4))
+
+
+def _qkv_gqa(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    q, kv = x, x[:, :2]  # 4 query heads, 2 key/value heads
+    return F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+
+
+REFUSED = [  # (id, module, example input, captures, the error must say): arguments a rule cannot honour
+    ("softmax-no-dim", _Calls(lambda m, x: F.softmax(x)), torch.randn(2, 3), ("fx",), "without dim"),
+    ("active-dropout", _Calls(lambda m, x: F.dropout(x, 0.5)), torch.randn(2, 3), ("fx", "export"),
+     "dropout is active"),
+    ("embedding-max-norm", _Calls(lambda m, x: m.e(x), e=nn.Embedding(5, 3, max_norm=1.0)),
+     torch.tensor([[1, 4, 0]]), ("fx",), "max_norm=1.0"),
+    ("embedding-renorm", _Calls(lambda m, x: m.e(x), e=nn.Embedding(5, 3, max_norm=1.0)),
+     torch.tensor([[1, 4, 0]]), ("export",), "embedding_renorm"),
+    ("batch-statistics", _Calls(lambda m, x: m.bn(x), bn=nn.BatchNorm1d(3, track_running_stats=False)),
+     torch.randn(4, 3), ("fx", "export"), "batch's own statistics"),
+    ("grouped-query-attention", _Calls(_qkv_gqa), torch.randn(1, 4, 3, 2), ("fx", "export"), "grouped-query"),
+    ("conv-same-even-kernel", _Calls(lambda m, x: m.c(x), c=nn.Conv2d(2, 2, 2, padding="same")),
+     torch.randn(1, 2, 5, 5), ("fx", "export"), "padding='same'"),
+    ("avg-pool-divisor", _Calls(lambda m, x: F.avg_pool2d(x, 2, divisor_override=3)), torch.randn(1, 2, 4, 4),
+     ("fx", "export"), "divisor_override"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("module", "x", "captures", "why"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
+)
+def test_arguments_a_rule_cannot_honour_are_refused_by_name(
+    module: nn.Module, x: torch.Tensor, captures: tuple[str, ...], why: str
+) -> None:
+    for capture in captures:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sm = sparsefx.compile(copy.deepcopy(module).eval(), 0.5, (x,), capture_method=capture)
+        with pytest.raises(LoweringError, match=why):
+            sparsefx.lower(sm, x, mesh=(8, 4))
