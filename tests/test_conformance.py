@@ -207,5 +207,5 @@ def test_arguments_a_rule_cannot_honour_are_refused_by_name(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sm = sparsefx.compile(copy.deepcopy(module).eval(), 0.5, (x,), capture_method=capture)
-        with pytest.raises(LoweringError, match=why):
-            sparsefx.lower(sm, x, mesh=(8, 4))
+            with pytest.raises(LoweringError, match=why):
+                sparsefx.lower(sm, x, mesh=(8, 4))
