@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 
 import sparsefx
 from sparsefx.errors import LoweringError
+from sparsefx.passes.lower.arguments import bind, method_target
 from sparsefx.passes.lower.rules import RULES
 
 SEED = 22
@@ -209,3 +210,27 @@ def test_arguments_a_rule_cannot_honour_are_refused_by_name(
             sm = sparsefx.compile(copy.deepcopy(module).eval(), 0.5, (x,), capture_method=capture)
             with pytest.raises(LoweringError, match=why):
                 sparsefx.lower(sm, x, mesh=(8, 4))
+
+
+def test_arguments_are_read_by_name_whatever_the_spelling() -> None:
+    """``F.batch_norm`` puts the running statistics before the weight, aten and ``torch.batch_norm`` after."""
+    x, (mean, var, weight, bias) = torch.randn(2, 3), (torch.randn(3) for _ in range(4))
+    spellings = [
+        bind(F.batch_norm, (x, mean, var, weight, bias, False, 0.1, 1e-3), {}),
+        bind(torch.ops.aten.batch_norm.default, (x, weight, bias, mean, var, False, 0.1, 1e-3, False), {}),
+        bind(torch.batch_norm, (x, weight, bias, mean, var, False, 0.1, 1e-3, False), {}),
+    ]
+    for bound in spellings:
+        assert bound["running_mean"] is mean and bound["weight"] is weight and bound["eps"] == 1e-3
+    assert bind(torch.ops.aten.sum.default, (x,), {"dtype": torch.float64}) == {
+        "input": x,
+        "dtype": torch.float64,
+    }
+    assert bind(torch.sum, (x, 1), {})["dim"] == 1
+    assert bind(torch.ops.aten.amax.default, (x,), {})["dim"] == []
+    ids = torch.tensor([0, 2])
+    assert bind(torch.ops.aten.embedding.default, (x, ids), {})["indices"] is ids
+    assert bind(F.embedding, (ids, x), {})["weight"] is x
+    where = bind(method_target("where"), (x, x > 0, 0.0), {}, method=True)  # x.where(c, y): where(c, x, y)
+    assert where["input"] is x and where["other"] == 0.0 and where["condition"].dtype == torch.bool
+    assert bind(torch.concatenate, ([x, x],), {"axis": 1})["dim"] == 1
