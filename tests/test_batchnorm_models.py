@@ -73,10 +73,11 @@ def check(model: nn.Module, example: tuple, fresh: tuple, capture: str, mode: st
             )
 
 
-BUILTINS = [  # (name, input shape, capture, mode, executor): each model both ways, modes and executors mixed
+BUILTINS = [  # (name, input shape, capture, mode, executor): each model both ways and by both executors;
+    # pipelined, as streaming times every matmul's widths (test_hf_resnet and test_conformance stream)
     ("cnn", (1, 3, 8, 8), "fx", "pipelined", "fast"),
-    ("cnn", (1, 3, 8, 8), "export", "streaming", "reference"),
-    ("conv1d", (2, 4, 32), "fx", "streaming", "reference"),
+    ("cnn", (1, 3, 8, 8), "export", "pipelined", "reference"),
+    ("conv1d", (2, 4, 32), "fx", "pipelined", "reference"),
     ("conv1d", (2, 4, 32), "export", "pipelined", "fast"),
 ]
 
