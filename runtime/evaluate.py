@@ -21,7 +21,6 @@ value semantics the cycle-level executors reuse; it never calls the model::
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -29,7 +28,9 @@ import torch
 
 from sparsefx.errors import EmulationError
 
-from .program import DTYPES, DataflowProgram, Kernel
+from .call import KEY, check_constant, constant_at, is_constant
+from .outputs import rebuild_outputs
+from .program import DTYPES, DataflowProgram, Kernel, Stream
 from .semantics import apply
 
 __all__ = ["evaluate", "bind_inputs", "rebuild_outputs", "Listener"]
@@ -60,21 +61,20 @@ def bind_inputs(program: DataflowProgram, inputs: Any) -> dict[str, torch.Tensor
     """``{stream name: tensor}`` from a tensor, a tuple/list of positional args or a dict of kwargs.
 
     Positional args match the program's inputs in order, kwargs by name; ``None`` stands for an argument
-    the model was called without (no stream). A missing or extra input, a non-tensor, or a shape or dtype
-    other than lowered for is an ``EmulationError`` naming the input, what it is and what was expected.
+    the model was called without (no stream). Non-tensor arguments (flags, sizes, strings) must be the
+    ones the program was lowered with (``runtime/call.py``). A missing or extra input, a non-tensor, or a
+    shape or dtype other than lowered for is an ``EmulationError`` naming the input, what it is and what
+    was expected.
     """
     streams = program.inputs
+    constants = program.meta.get(KEY)
+    constants = constants if isinstance(constants, dict) else {}
     if inputs is None:
         given: dict[str, Any] = {}
     elif isinstance(inputs, Mapping):
-        given = {str(k): v for k, v in inputs.items() if v is not None}
-        extra = [k for k in given if k not in {s.name for s in streams}]
-        if extra:
-            raise EmulationError(
-                f"inputs {extra} are not inputs of the program; it takes {[s.name for s in streams]}"
-            )
+        given = _by_name(streams, constants, inputs)
     else:
-        args = [a for a in (inputs if isinstance(inputs, (tuple, list)) else (inputs,)) if a is not None]
+        args = _tensor_args(constants, inputs if isinstance(inputs, (tuple, list)) else (inputs,))
         if len(args) > len(streams):
             raise EmulationError(
                 f"{len(args)} positional inputs given; the program takes {len(streams)}: "
@@ -100,6 +100,38 @@ def bind_inputs(program: DataflowProgram, inputs: Any) -> dict[str, torch.Tensor
     return {s.name: given[s.name] for s in streams}
 
 
+def _by_name(streams: list[Stream], constants: dict[str, Any], inputs: Mapping) -> dict[str, Any]:
+    """The stream values of a dict of kwargs; its non-tensor values are checked against ``constants``."""
+    names = {s.name for s in streams}
+    given, extra = {}, []
+    for key, value in inputs.items():
+        key = str(key)
+        if key in names or not is_constant(value):
+            if key not in names:
+                extra.append(key)
+            elif value is not None:
+                given[key] = value
+        elif value is not None or key in constants:
+            check_constant(constants, key, value)
+    if extra:
+        raise EmulationError(
+            f"inputs {extra} are not inputs of the program; it takes {[s.name for s in streams]}"
+        )
+    return given
+
+
+def _tensor_args(constants: dict[str, Any], args: tuple | list) -> list[Any]:
+    """The positional args that feed streams: the others are constants (checked) or ``None``."""
+    out = []
+    for i, value in enumerate(args):
+        name = constant_at(constants, i) if is_constant(value) else None
+        if name is not None:
+            check_constant(constants, name, value)
+        elif value is not None:
+            out.append(value)
+    return out
+
+
 Listener = Callable[[Kernel, list[torch.Tensor], torch.Tensor], None]
 """Called after each kernel with the kernel, its input values and its result."""
 
@@ -114,10 +146,11 @@ def evaluate(
 
     ``inputs`` takes the forms ``sparsefx.compile`` takes (``bind_inputs``). Kernels run in order on
     ``device`` (the CPU by default; payloads move there when first read). Outputs come back as the model
-    returns them: tensors, tuples, lists, dicts, and dataclasses rebuilt by ``rebuild_outputs`` (a class
-    whose module is not imported, or that is neither a dataclass nor a ``transformers`` ``ModelOutput``,
-    comes back as a dict of its fields). Any failure is an ``EmulationError`` naming the kernel.
-    ``listener(kernel, inputs, result)``, when given, sees every kernel as it runs.
+    returns them: tensors, tuples, lists, dicts, dataclasses and key/value caches, rebuilt by
+    ``rebuild_outputs`` (``runtime/outputs.py`` says which classes a program loaded from a file
+    rebuilds; any other comes back as a dict of its fields, with a warning). Any failure is an
+    ``EmulationError`` naming the kernel. ``listener(kernel, inputs, result)``, when given, sees every
+    kernel as it runs.
     """
     if not program.has_payloads:
         raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
@@ -141,60 +174,4 @@ def evaluate(
     missing = [n for n in program.outputs if n not in values]
     if missing:
         raise EmulationError(f"outputs {missing} are computed by no kernel")
-    return rebuild_outputs(program.output_tree, [values[n] for n in program.outputs])
-
-
-def rebuild_outputs(tree: Any, outputs: list[Any]) -> Any:
-    """The model's output structure from ``output_tree`` and the output values (in ``program.outputs``).
-
-    >>> tree = {"type": "dict", "keys": ["a", "b"],
-    ...         "items": [{"type": "tensor", "index": 0}, {"type": "const", "value": None}]}
-    >>> rebuild_outputs(tree, [torch.ones(1)])
-    {'a': tensor([1.]), 'b': None}
-    """
-    if not isinstance(tree, dict) or "type" not in tree:
-        raise EmulationError(f"output tree node {tree!r} has no type")
-    kind = tree["type"]
-    if kind == "tensor":
-        index = tree.get("index")
-        if not isinstance(index, int) or not 0 <= index < len(outputs):
-            raise EmulationError(f"output tree names output {index!r}; the program has {len(outputs)}")
-        return outputs[index]
-    if kind == "const":
-        return tree.get("value")
-    items = [rebuild_outputs(item, outputs) for item in tree.get("items", [])]
-    if kind in ("tuple", "list"):
-        return tuple(items) if kind == "tuple" else items
-    keys = tree.get("keys") or []
-    if kind == "dict":
-        return dict(zip(keys, items))
-    if kind == "dataclass":
-        if len(keys) != len(items):
-            return tuple(items)
-        return _instance(str(tree.get("class", "")), dict(zip(keys, items)))
-    raise EmulationError(
-        f"output tree node type {kind!r} is not tensor, const, tuple, list, dict or dataclass"
-    )
-
-
-def _instance(path: str, fields: dict[str, Any]) -> Any:
-    """``cls(**fields)`` for an imported dataclass or ``ModelOutput`` named ``path``, else ``fields``."""
-    parts = path.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        module = sys.modules.get(".".join(parts[:cut]))
-        if module is None:
-            continue
-        cls: Any = module
-        for name in parts[cut:]:
-            cls = getattr(cls, name, None)
-        if isinstance(cls, type) and (dataclasses.is_dataclass(cls) or _is_model_output(cls)):
-            try:
-                return cls(**fields)
-            except TypeError:  # fields it does not take in __init__
-                return fields
-        return fields
-    return fields
-
-
-def _is_model_output(cls: type) -> bool:
-    return any(b.__name__ == "ModelOutput" and b.__module__.startswith("transformers.") for b in cls.__mro__)
+    return rebuild_outputs(program.output_tree, [values[n] for n in program.outputs], program.output_spec)

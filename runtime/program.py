@@ -209,6 +209,9 @@ class DataflowProgram:
     specs: dict[str, ArraySpec] = field(default_factory=dict)
     arrays: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    output_spec: Any = field(default=None, repr=False, compare=False)
+    """The model's own ``pytree`` output spec, set by lowering and never saved: in the process that lowered
+    the program it rebuilds output classes a file cannot name safely (``runtime/outputs.py``)."""
 
     # -- building -------------------------------------------------------------------------------
     def add_array(self, name: str, tensor: torch.Tensor) -> str:

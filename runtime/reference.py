@@ -539,9 +539,12 @@ def _pe_product(s: Slices, x: torch.Tensor) -> torch.Tensor:
     return out.to(torch.promote_types(x.dtype, s.values.dtype))
 
 
-def execute(program: DataflowProgram, inputs: Any) -> tuple[Any, Timeline]:
-    """Run ``program`` on ``inputs`` message by message: the outputs (the model's structure) and the
-    ``Timeline`` (module docstring). Meshes over ``MAX_PES`` PEs are an ``EmulationError``."""
+def execute(
+    program: DataflowProgram, inputs: Any, device: torch.device | None = None
+) -> tuple[Any, Timeline]:
+    """Run ``program`` on ``inputs`` message by message: the outputs (the model's structure, their
+    tensors moved to ``device`` when given) and the ``Timeline`` (module docstring). It runs on the CPU.
+    Meshes over ``MAX_PES`` PEs are an ``EmulationError``."""
     if not program.has_payloads:
         raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
     pes = program.mesh.width * program.mesh.height
@@ -556,6 +559,9 @@ def execute(program: DataflowProgram, inputs: Any) -> tuple[Any, Timeline]:
         kernels = [machine.run(k) for k in program.kernels]
     done = machine.outputs_done()
     cycles = max([kt.end for kt in kernels] + list(done.values()) + [0])
-    outputs = rebuild_outputs(program.output_tree, [machine.values[n].tensor for n in program.outputs])
+    values = [machine.values[n].tensor for n in program.outputs]
+    if device is not None:
+        values = [v.to(device) for v in values]
+    outputs = rebuild_outputs(program.output_tree, values, program.output_spec)
     timeline = Timeline(kernels, machine.flows, cycles, done)
     return outputs, dataclasses.replace(timeline)

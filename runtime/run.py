@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from sparsefx.errors import EmulationError
-from sparsefx.trees import to_device
 
 from .baseline import dense_activity, dense_program, unavailable
 from .evaluate import evaluate
@@ -79,9 +78,7 @@ def run(
     device = _device(device)
     activity = _Activity()
     if executor == "reference":
-        outputs, timeline = execute(program, inputs)
-        if device is not None:
-            outputs = to_device(outputs, device)
+        outputs, timeline = execute(program, inputs, device)
         evaluate(program, inputs, None, listener=activity)  # the activity the dense baseline sees
     else:
         outputs = evaluate(program, inputs, device, listener=activity)

@@ -1,4 +1,5 @@
-"""Tensors inside a model's outputs: nested tuples, lists, dicts and dataclasses.
+"""Tensors inside a model's outputs: nested tuples, lists, dicts, dataclasses and objects that hold them in
+their attributes (a key/value cache).
 
 >>> [t.shape for t in tensor_leaves({"a": (torch.ones(2), None), "b": [torch.zeros(1, 3)]})]
 [torch.Size([2]), torch.Size([1, 3])]
@@ -17,17 +18,30 @@ import torch
 __all__ = ["tensor_leaves", "to_device"]
 
 
-def tensor_leaves(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in ``obj``, depth first, in field/key order; other leaves are skipped."""
+def tensor_leaves(obj: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor in ``obj``, depth first, in field/key order (an object's attributes by name); other
+    leaves, modules and anything nested deeper than 32 levels are skipped.
+
+    >>> class Cache:
+    ...     def __init__(self): self.values, self.keys, self.size = torch.ones(1), torch.zeros(1), 1
+    >>> tensor_leaves([Cache()])
+    [tensor([0.]), tensor([1.])]
+    """
     if isinstance(obj, torch.Tensor):
         return [obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in tensor_leaves(getattr(obj, f.name))]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in tensor_leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in tensor_leaves(v)]
-    return []
+    if depth > 32 or isinstance(obj, (type, torch.nn.Module)):
+        return []
+    if dataclasses.is_dataclass(obj):
+        children: Any = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, dict):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    elif isinstance(getattr(obj, "__dict__", None), dict):
+        children = [v for _, v in sorted(vars(obj).items())]
+    else:
+        return []
+    return [t for v in children for t in tensor_leaves(v, depth + 1)]
 
 
 def to_device(obj: Any, device: torch.device) -> Any:

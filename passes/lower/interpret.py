@@ -53,6 +53,8 @@ class Walk:
     outputs: list[str]
     output_tree: Any
     written_state: list[str] = dataclasses.field(default_factory=list)
+    output_spec: Any = None
+    """The exported graph's own ``pytree`` output spec: rebuilds any output class exactly, in this process."""
 
 
 def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
@@ -216,7 +218,7 @@ def walk_graph(
     else:
         tree = _tree(b, value, outputs)
     _drop_dead(b, outputs)
-    return Walk(b, outputs, tree, written)
+    return Walk(b, outputs, tree, written, spec)
 
 
 def _leaf(b: Builder, value: Any, outputs: list[str]) -> Any:
@@ -257,6 +259,8 @@ def _tree(b: Builder, value: Any, outputs: list[str]) -> Any:
 
 
 def _from_spec(b: Builder, spec: Any, leaves: Any, outputs: list[str]) -> Any:
+    """The output tree of ``spec``'s structure: containers as they are; a dataclass or other object with
+    its class, its field names (``keys``) and their values, in the spec's own leaf order."""
     if spec.is_leaf():
         return _leaf(b, next(leaves), outputs)
     items = [_from_spec(b, child, leaves, outputs) for child in spec.children_specs]
@@ -264,20 +268,24 @@ def _from_spec(b: Builder, spec: Any, leaves: Any, outputs: list[str]) -> Any:
         return {"type": spec.type.__name__, "items": items}
     if spec.type is dict:
         return {"type": "dict", "keys": list(spec.context), "items": items}
+    kind = "dataclass" if dataclasses.is_dataclass(spec.type) else "object"
+    return {"type": kind, "class": _class_name(spec.type), "keys": _field_names(spec), "items": items}
+
+
+def _field_names(spec: Any) -> list[str]:
+    """The names of ``spec``'s children, read from its context as pytree's registrations store them."""
     context = spec.context
-    keys = (
-        list(context)
-        if isinstance(context, (list, tuple)) and all(isinstance(k, str) for k in context)
-        else None
-    )
-    if (
-        keys is None
-        and isinstance(context, (list, tuple))
-        and len(context) == 2
-        and isinstance(context[1], list)
-    ):
-        keys = [str(k) for k in context[1]]
-    return {"type": "dataclass", "class": _class_name(spec.type), "keys": keys or [], "items": items}
+    if isinstance(context, (list, tuple)) and all(isinstance(k, str) for k in context):
+        return list(context)  # ModelOutput, OrderedDict
+    fields = getattr(spec.type, "_fields", None)
+    if isinstance(fields, tuple) and context is spec.type:  # a namedtuple
+        return list(fields)
+    if isinstance(context, (list, tuple)) and len(context) == 3 and context[0] is spec.type:
+        return [str(k) for k in context[1]]  # an object capture registered: (class, names, other attrs)
+    if isinstance(context, (list, tuple)) and len(context) == 2 and isinstance(context[1], list):
+        names = context[0] if isinstance(context[0], list) else context[1]
+        return [str(k) for k in names]  # a registered dataclass: (names, None fields); a defaultdict
+    return []
 
 
 def _drop_dead(b: Builder, outputs: list[str]) -> None:

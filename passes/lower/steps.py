@@ -157,6 +157,7 @@ class PlaceData:
         p.inputs = list(walk.builder.inputs)
         p.outputs = list(walk.outputs)
         p.output_tree = walk.output_tree
+        p.output_spec = walk.output_spec
         grow = []
         cache = state.meta.setdefault("placed", {})  # (kernel, width, height) -> arrays, across attempts
         for i, (pend, region) in enumerate(zip(state.pending, regs)):
