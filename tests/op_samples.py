@@ -35,28 +35,9 @@ class Sample:
 
 ONE_PATH = {
     "assert_metadata": "export: its check of x.to(other)'s dtype; fx records no check",
-    "attr_mT": "fx: x.mT is a getattr node; export records it as aten.transpose",
-    "getitem": "fx: x[1:, None] is a getitem node; export records slice/select/unsqueeze",
-    "slice": "export: fx records x[a:b] as getitem",
-    "t": "fx: export records x.t() as aten.permute",
-    "swapaxes": "fx: export records swapaxes as aten.transpose",
-    "concat": "fx: export records torch.concat as aten.cat",
-    "concatenate": "fx: export records torch.concatenate as aten.cat",
-    "view_as": "fx: export records view_as as aten.view",
-    "reshape_as": "fx: export records reshape_as as aten.reshape",
-    "expand_as": "fx: export records expand_as as aten.expand",
-    "broadcast_to": "fx: export records broadcast_to as aten.expand",
     "float": "fx: export records x.float() as aten._to_copy (to)",
     "half": "fx: export records x.half() as aten._to_copy (to)",
     "bfloat16": "fx: export records x.bfloat16() as aten._to_copy (to)",
-    "type_as": "fx: export records type_as as aten._to_copy (to)",
-    "rsub": "export: fx records 2 - x as operator.sub",
-    "square": "fx: export records square as aten.pow",
-    "flatten": "fx: export records flatten as aten.view",
-    "unflatten": "fx: export records unflatten as aten.view",
-    "max_pool2d_with_indices": "export: fx records F.max_pool2d(return_indices=True) as max_pool2d",
-    "split": "fx: export records torch.split(x, [sizes]) as aten.split_with_sizes (split) too, but an "
-    "int split size as split.Tensor; both reach the rule under the one name",
 }
 """Ops only one capture method produces, and why (the other records the same computation as another op)."""
 
@@ -595,7 +576,7 @@ SAMPLES: tuple[Sample, ...] = (
     Sample(
         "shapes",
         ("view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as", "expand",
-         "expand_as", "broadcast_to", "getitem", "slice"),
+         "expand_as", "broadcast_to"),
         Shapes, _xy((2, 3, 4), (3, 4)),
     ),
     Sample(

@@ -121,6 +121,9 @@ def test_sample_lowers_to_eager_numbers(sample: Sample) -> None:
         assert len(paths) == 2 or op in ONE_PATH or sample.not_captured, (
             f"{sample.name}: {op!r} reached its rule only under {paths}; list it in ONE_PATH with the reason"
         )
+        assert len(paths) == 1 or op not in ONE_PATH, (
+            f"{op!r} reached its rule under both captures: not ONE_PATH"
+        )
 
 
 def test_every_rule_has_a_sample() -> None:
