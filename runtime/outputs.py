@@ -30,7 +30,7 @@ import collections
 import importlib
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.utils._pytree as pytree
@@ -102,7 +102,9 @@ def _expect(cls: type, fields: dict[str, Any], names: set[str]) -> None:
 
 
 def _lookup(path: str) -> Any:
-    """The object at ``module.qualname`` ``path`` among imported modules (and ``_IMPORTABLE``), or None."""
+    """The object at ``module.qualname`` ``path`` among imported modules (and ``_IMPORTABLE``), or None.
+
+    Attributes are read from ``__dict__``s, so a lazy module (``transformers``) imports nothing more."""
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         name = ".".join(parts[:cut])
@@ -116,7 +118,8 @@ def _lookup(path: str) -> Any:
             continue
         obj: Any = module
         for attr in parts[cut:]:
-            obj = getattr(obj, attr, None)
+            found = getattr(obj, "__dict__", {})
+            obj = found.get(attr) if isinstance(found, Mapping) else None  # no __getattr__: no lazy import
         return obj
     return None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -240,6 +241,16 @@ def test_a_hostile_class_name_in_a_program_file_is_never_built(tmp_path) -> None
         program.output_tree = {"type": "list", "items": [program.output_tree]}
     with pytest.raises(EmulationError, match="nested deeper than"):
         sparsefx.run(program, x)
+
+
+def test_a_class_path_in_a_tree_imports_nothing() -> None:
+    """``transformers`` imports its submodules lazily on attribute access: a path a file names must not."""
+    before = set(sys.modules)
+    for name in ("transformers.BertModel", "transformers.models.whisper.modeling_whisper.WhisperModel"):
+        tree = {"type": "dataclass", "class": name, "keys": [], "items": []}
+        with pytest.warns(UserWarning, match=re.escape(name)):
+            assert rebuild_outputs(tree, []) == {}
+    assert set(sys.modules) == before
 
 
 # -- item 4: run takes every input form lower took -------------------------------------------------------
