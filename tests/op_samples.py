@@ -195,12 +195,12 @@ class Casts(nn.Module):
 class Identities(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.drop, self.drop2d, self.same = nn.Dropout(0.3), nn.Dropout2d(0.5), nn.Identity()
+        self.drop, self.drop1d, self.same = nn.Dropout(0.3), nn.Dropout1d(0.5), nn.Identity()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (
             self.drop(x) * 2,
-            self.drop2d(x) + 1,
+            self.drop1d(x) + 1,
             self.same(x) - 1,
             F.dropout(x, 0.2, training=self.training) * 3,
             F.dropout(x, p=0.0) + 2,
