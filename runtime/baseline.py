@@ -2,12 +2,13 @@
 
 The lowering plans it beside the real program (``passes/lower/dense_plan.py``): each kernel's
 ``attrs["dense"]`` holds the region, block size and number of passes the dense kernel gets when all
-masks are ones and it is given the same effort (its own widths, its own block sizes). Dense weights
-need no placement search (the block placement of an all-ones weight is perfectly even), so
-``dense_program`` describes them by geometry (``runtime/layout.py``, ``all_ones``) instead of storing
-a dense copy of every weight. The clocks then run it through the same cost rules as the real
-program. A dense kernel too big for the mesh's SRAM in weight-streaming mode runs in ``passes`` over
-slices of its outputs, then a ``cat``.
+masks are ones and it is given the same effort (its own widths, its own block sizes, and with the
+balanced placement ``"placement": "balanced"`` and its own row-cut limit ``"drift"``). An all-ones
+weight's placement is a geometry, so ``dense_program`` describes it (``runtime/layout.py``,
+``all_ones``) instead of storing a dense copy of every weight. A plan without ``"placement"`` (a
+program lowered before the baseline had the balanced placement) keeps the block geometry. The clocks
+then run it through the same cost rules as the real program. A dense kernel too big for the mesh's
+SRAM in weight-streaming mode runs in ``passes`` over slices of its outputs, then a ``cat``.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ def unavailable(program: DataflowProgram) -> str | None:
 
 
 def _plain(k: Kernel, region: Region, plan: dict) -> Kernel:
-    attrs = {key: value for key, value in k.attrs.items() if key not in ("dense", "rows_in_flight")}
+    mapping = ("dense", "rows_in_flight", "drift")  # the real kernel's mapping: the plan has its own
+    attrs = {key: value for key, value in k.attrs.items() if key not in mapping}
     if "rows_in_flight" in plan:
         attrs["rows_in_flight"] = plan["rows_in_flight"]
     arrays = dict(k.arrays)
     if k.op == "sparse_matmul":
-        attrs["all_ones"] = True
+        attrs["all_ones"] = "balanced" if plan.get("placement") == "balanced" else True
+        if plan.get("drift") is not None:
+            attrs["drift"] = plan["drift"]
         attrs["bias"] = "bias" in k.arrays
         arrays = {}
     return dataclasses.replace(k, region=region, attrs=attrs, arrays=arrays, stats=dict(k.stats))

@@ -2,8 +2,10 @@
 the nonzeros of each of its input columns.
 
 ``layout(program, kernel)`` reads the kernel's CSC slices. A kernel marked ``all_ones`` (the dense
-baseline, ``runtime/baseline.py``) holds every weight: its layout is the block placement's geometry,
-with no arrays at all, so a dense GPT-2 costs nothing to describe::
+baseline, ``runtime/baseline.py``) holds every weight: its layout is a placement's geometry, with no
+arrays at all, so a dense GPT-2 costs nothing to describe. ``all_ones: true`` is the block placement;
+``all_ones: "balanced"`` the balanced placement of an all-ones weight (``attrs["drift"]`` its row-cut
+limit), computed here from counts alone, equal to what ``place_balanced`` gives for ones::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
     >>> from sparsefx.runtime.program import DataflowProgram, Kernel, Region
@@ -27,7 +29,7 @@ from .memo import kept_for
 from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
 from .sparse_eval import read_slices
 
-__all__ = ["Layout", "layout", "weight_bytes"]
+__all__ = ["Layout", "layout", "weight_bytes", "balanced_ones"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ def layout(program: DataflowProgram, k: Kernel) -> Layout:
     """The layout of sparse matmul ``k``: from its arrays, or the dense geometry when ``all_ones``."""
     r = k.region
     in_f, out_f = int(k.attrs["in_features"]), int(k.attrs["out_features"])
+    if k.attrs.get("all_ones") == "balanced":
+        return balanced_ones(in_f, out_f, r.width, r.height, k.attrs.get("drift"))
     if k.attrs.get("all_ones"):
         ins, outs = lane_bounds(in_f, r.height), lane_bounds(out_f, r.width)
         in_lo, in_hi = ins[:-1].repeat_interleave(r.width), ins[1:].repeat_interleave(r.width)
@@ -60,6 +64,66 @@ def layout(program: DataflowProgram, k: Kernel) -> Layout:
     if len(s.col_ptr_off) > 2:
         inside[s.col_ptr_off[1:-1] - 1] = False  # the step from one PE's last offset to the next's first
     return Layout(in_f, out_f, s.in_lo, s.in_hi, s.out_lo, s.span, steps[inside])
+
+
+def balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | None) -> Layout:
+    """The balanced placement of an all-ones ``[out_f, in_f]`` weight on ``width`` x ``height`` PEs
+    (``passes/lower/place_balanced.py``), from how many outputs of each input every column holds.
+
+    Column ``c`` takes flat entries ``[c * n // width, (c + 1) * n // width)`` of the weight in output
+    order; in its input order, input ``j`` holds outputs ``first[c, j]`` on, ``count[c, j]`` of them.
+    The row cuts then follow ``place_balanced``'s rule on the running counts ``ptr``."""
+    n = in_f * out_f
+    edges = torch.arange(width + 1, dtype=torch.int64) * n // width
+    a, b, j = edges[:-1, None], edges[1:, None], torch.arange(in_f)[None, :]
+    first = -torch.div(j - a, in_f, rounding_mode="floor")  # ceil((a - j) / in_f)
+    count = (torch.div(b - 1 - j, in_f, rounding_mode="floor") - first + 1).clamp(min=0)
+    ptr = torch.zeros((width, in_f + 1), dtype=torch.int64)
+    torch.cumsum(count, 1, out=ptr[:, 1:])
+    total = ptr[:, -1]
+    cuts = _row_cuts(ptr, total, in_f, height, drift)
+    starts = torch.cat([torch.zeros((width, 1), dtype=torch.int64), cuts], 1)  # [width, height]
+    ends = torch.cat([cuts, total[:, None]], 1)
+    lo = torch.searchsorted(ptr, starts, right=True) - 1
+    hi = torch.searchsorted(ptr, (ends - 1).clamp(min=0), right=True)
+    s, e, lo, hi = (t.T.reshape(-1) for t in (starts, ends, lo, hi))  # PE order: row-major in the region
+    full = e > s
+    in_lo, in_hi = torch.where(full, lo, 0), torch.where(full, hi, 0)
+    col = torch.arange(width).repeat(height)
+    pairs = in_hi - in_lo
+    pe = torch.repeat_interleave(torch.arange(width * height), pairs)
+    base = torch.cumsum(pairs, 0) - pairs
+    jj = in_lo[pe] + torch.arange(len(pe)) - base[pe]
+    cc = col[pe]
+    at, upto = ptr[cc, jj], ptr[cc, jj + 1]
+    p0, p1 = torch.maximum(s[pe], at), torch.minimum(e[pe], upto)
+    counts = (p1 - p0).clamp(min=0)
+    held = counts > 0
+    o_lo, o_hi = (first[cc, jj] + p0 - at)[held], (first[cc, jj] + p1 - at)[held]
+    out_lo = torch.full((width * height,), n, dtype=torch.int64).scatter_reduce(0, pe[held], o_lo, "amin")
+    out_hi = torch.zeros(width * height, dtype=torch.int64).scatter_reduce(0, pe[held], o_hi, "amax")
+    out_lo = torch.where(full, out_lo, 0)
+    return Layout(in_f, out_f, in_lo, in_hi, out_lo, torch.where(full, out_hi - out_lo, 0), counts)
+
+
+def _row_cuts(
+    ptr: torch.Tensor, total: torch.Tensor, in_f: int, height: int, drift: int | None
+) -> torch.Tensor:
+    """``[width, height - 1]`` cuts of each column's run into rows, counted from the column's start:
+    equal runs, or with ``drift`` row by row, each evening out the rest within ``drift`` inputs of its
+    lane's boundary (``place_balanced._rows``)."""
+    r = torch.arange(1, height)
+    if drift is None:
+        return r[None, :] * total[:, None] // height
+    lane = lane_bounds(in_f, height)[1:-1]
+    lo = ptr[:, (lane - drift).clamp(min=0)]
+    hi = ptr[:, (lane + drift).clamp(max=in_f)]
+    cut = torch.empty((len(total), height - 1), dtype=torch.int64)
+    prev = torch.zeros_like(total)
+    for k in range(height - 1):
+        want = prev + (total - prev) // (height - k)
+        prev = cut[:, k] = torch.maximum(torch.minimum(torch.maximum(want, lo[:, k]), hi[:, k]), prev)
+    return cut
 
 
 def weight_bytes(program: DataflowProgram, k: Kernel) -> int:

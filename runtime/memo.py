@@ -80,7 +80,7 @@ def kept_for(program: DataflowProgram, k: Kernel, key: tuple, build: Callable[[]
         arrays = tuple((id(t), t._version) for t in tensors)
     r, a, mesh = k.region, k.attrs, program.mesh
     shape = (k.op, k.shape, r.x, r.y, r.width, r.height, mesh.width, mesh.height)
-    attrs = tuple(a.get(n) for n in ("lanes", "in_features", "out_features", "kind", "all_ones"))
+    attrs = tuple(a.get(n) for n in ("lanes", "in_features", "out_features", "kind", "all_ones", "drift"))
     return kept(owner, shape + attrs + arrays + key, build)
 
 

@@ -2,12 +2,15 @@
 
 ``plan_dense`` sizes the regions again with dense weights (``place.py``: SRAM minimum, a share of
 the spare columns by work, the same caps), then picks the dense kernels' block sizes with the same
-search as the real program (``blocks.py``) and, in weight-streaming mode, their widths
-(``tune.py``). It writes ``attrs["dense"] = {"region", "passes", "rows_in_flight"}`` on every
-kernel; ``runtime/baseline.py`` builds the dense program from them. In weight-streaming mode a dense
-matmul whose data needs more columns than the mesh has runs in ``passes`` over slices of its outputs,
-as the real lowering does. A dense model that cannot be placed layer-pipelined is recorded in
-``program.meta["dense_unavailable"]`` with the reason.
+search as the real program (``blocks.py``), in weight-streaming mode their widths and with the
+balanced placement their row-cut limits (``tune.py``): the balanced placement of an all-ones weight
+is a geometry too (``runtime/layout.py``), and it evens out outputs that the columns do not divide.
+It writes ``attrs["dense"] = {"region", "passes", "rows_in_flight"}`` on every kernel (a balanced
+matmul's also ``"placement"`` and, when it has one, ``"drift"``); ``runtime/baseline.py`` builds the
+dense program from them. In weight-streaming mode a dense matmul whose data needs more columns than
+the mesh has runs in ``passes`` over slices of its outputs, as the real lowering does. A dense model
+that cannot be placed layer-pipelined is recorded in ``program.meta["dense_unavailable"]`` with the
+reason.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.baseline import dense_program
+from sparsefx.runtime.layout import Layout, balanced_ones
 from sparsefx.runtime.mesh import MeshSpec
 from sparsefx.runtime.program import DataflowProgram, Kernel
 
@@ -25,7 +29,7 @@ from .blocks import plan_blocks
 from .builder import Pending
 from .place import max_width, min_width, regions, work
 from .split_streamed import plan_passes
-from .tune import Choice, Report, hidden_behind, rowwise, search
+from .tune import DRIFTS, Choice, Report, hidden_behind, rowwise, search
 
 __all__ = ["dense_pending", "plan_dense"]
 
@@ -77,7 +81,9 @@ def plan_dense(
         return
     for k, r, (_, passes) in zip(program.kernels, regs, sized):
         k.attrs["dense"] = {"region": [r.x, r.y, r.width, r.height], "passes": passes}
-    found = _tune_widths(program, {k.name: w for k, w in zip(program.kernels, widths)}, report)
+        if program.placement == "balanced" and k.op == "sparse_matmul":
+            k.attrs["dense"]["placement"] = "balanced"
+    found = _tune(program, {k.name: w for k, w in zip(program.kernels, widths)}, report)
     baseline = dense_program(program)
     assert baseline is not None
     plan_blocks(baseline, found)
@@ -87,19 +93,20 @@ def plan_dense(
             program.kernel(name).attrs["dense"]["rows_in_flight"] = k.attrs["rows_in_flight"]
 
 
-def _tune_widths(
-    program: DataflowProgram, narrowest: dict[str, int], report: Report | None
-) -> dict[str, int]:
-    """Streaming: each dense matmul at its own best width (``tune.py``), written into its plan; returns
-    the block sizes found. The passes of one matmul, and the layers of a stack, take the first one's."""
-    if program.mode != "streaming":
-        return {}
+def _tune(program: DataflowProgram, narrowest: dict[str, int], report: Report | None) -> dict[str, int]:
+    """Each dense matmul at its own best mapping (``tune.py``), written into its plan: in streaming
+    mode its width, with the balanced placement its row-cut limit; returns the block sizes found.
+    The passes of one matmul, and the layers of a stack, take the first one's."""
+    balanced = program.placement == "balanced"
+    if program.mode != "streaming" and not balanced:
+        return {}  # one mapping: ``plan_blocks`` finds its block size
     baseline = dense_program(program)
     assert baseline is not None  # every kernel has its plan
     plans = {k.name: k for k in program.kernels}
     chosen: dict[tuple, Choice | None] = {}
     found: dict[str, int] = {}
     ran: dict[str, int] = {}
+    drifts = DRIFTS if balanced else (None,)
     tuned = [i for i, k in enumerate(baseline.kernels) if rowwise(k)]
     for done, i in enumerate(tuned):
         k = baseline.kernels[i]
@@ -109,14 +116,26 @@ def _tune_widths(
         hidden = hidden_behind(baseline, i, ran)
         key = (b.attrs["in_features"], b.attrs["out_features"], b.shape, b.dtype, "bias" in b.arrays)
         if (key, k.region, hidden) not in chosen:
-            chosen[key, k.region, hidden] = search(baseline, k, narrowest[b.name], (None,), _laid_out, hidden)
+            chosen[key, k.region, hidden] = search(baseline, k, narrowest[b.name], drifts, _laid_out, hidden)
         choice = chosen[key, k.region, hidden]
         if choice is not None:
             b.attrs["dense"]["region"][2] = choice.width
+            if choice.drift is not None:
+                b.attrs["dense"]["drift"] = choice.drift
+            _laid_out(k, choice.drift)
+            k.region = dataclasses.replace(k.region, width=choice.width)
             found[k.name] = choice.rows
             ran[k.name] = choice.run
     return found
 
 
-def _laid_out(k: Kernel, drift: int | None) -> None:
-    """An all-ones kernel's layout is its geometry (``runtime/layout.py``): nothing to place."""
+def _laid_out(k: Kernel, drift: int | None) -> Layout | None:
+    """An all-ones kernel's layout is its geometry (``runtime/layout.py``): only its row-cut limit to set.
+    Returns the balanced geometry (``search`` skips a limit that cuts as an earlier one did)."""
+    k.attrs.pop("drift", None)
+    if drift is not None:
+        k.attrs["drift"] = drift
+    if k.attrs.get("all_ones") != "balanced":
+        return None
+    r = k.region
+    return balanced_ones(int(k.attrs["in_features"]), int(k.attrs["out_features"]), r.width, r.height, drift)

@@ -21,7 +21,8 @@ to reach it. On a layer whose inputs are most of its traffic (GPT-2 small's 3072
 no limit, every PE within one nonzero; ``0``: each row holds exactly its lane's features). The kernel
 records its limit in ``attrs["drift"]`` (absent: none).
 
-**Block size**: each mapping is timed at its fastest (``blocks.best_sparse``).
+**Block size**: each mapping is timed at its fastest (``blocks.best_sparse``), together with the
+kernels that take its block size (a GELU after the layer): the width and cut are chosen for them too.
 
 The fastest mapping wins; ties go to the narrower width and the earlier limit. A later kernel of the
 same shape, region and density (the next layer of a stack) takes the first one's width and limit
@@ -41,10 +42,12 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
 from sparsefx.runtime.fast import kernel_alone
-from sparsefx.runtime.layout import weight_bytes
+from sparsefx.runtime.layout import Layout, weight_bytes
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import DataflowProgram, Kernel, Region
 
@@ -63,8 +66,9 @@ Report = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class Choice:
-    """A sparse matmul's mapping: cycles alone (with its unhidden weight load when streaming), width,
-    row-cut limit, block size, cycles alone without the load, and what ``place`` returned for it."""
+    """A sparse matmul's mapping: cycles alone with the kernels that take its block size (and its
+    unhidden weight load when streaming), width, row-cut limit, block size, its own cycles alone
+    without the load, and what ``place`` returned for it."""
 
     cycles: int
     width: int
@@ -97,9 +101,9 @@ def search(
     hidden: int = 0,
 ) -> Choice | None:
     """The fastest mapping of ``k`` (module docstring), or None when none fits. ``place(k, drift)`` lays
-    out its data on ``k.region`` as it stands and returns the layout (kept in the choice); ``hidden``:
-    cycles of its load the kernel before hides. Leaves ``k`` at its starting region, laid out as last
-    tried."""
+    out its data on ``k.region`` as it stands and returns the layout (kept in the choice; a limit that
+    cuts as an earlier one did at this width is not timed again); ``hidden``: cycles of its load the
+    kernel before hides. Leaves ``k`` at its starting region, laid out as last tried."""
     start = k.region
     tried = widths(narrowest, start.width) if program.mode == "streaming" else [start.width]
     best: Choice | None = None
@@ -107,8 +111,12 @@ def search(
     for w in tried:
         k.region = Region(start.x, start.y, w, start.height)
         here: Choice | None = None
+        seen: list[Any] = []  # layouts timed at this width: two limits often cut alike
         for drift in drifts:
             laid = place(k, drift)
+            if any(_same(laid, other) for other in seen):
+                continue
+            seen.append(laid)
             timed = best_sparse(program, k)
             if timed is None:
                 continue
@@ -116,7 +124,7 @@ def search(
             if program.mode == "streaming":
                 cycles += max(0, load_cycles(weight_bytes(program, k), program.hardware) - hidden)
             if here is None or cycles < here.cycles:
-                here = Choice(cycles, w, drift, timed[1], timed[0], laid)
+                here = Choice(cycles, w, drift, timed[1], timed[2], laid)
         if here is None:
             continue
         if best is None or here.cycles < best.cycles:
@@ -127,6 +135,16 @@ def search(
                 break
     k.region = start
     return best
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two layouts (``place``'s results: dicts of arrays or ``Layout``s) are the same."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    if isinstance(a, Layout) and isinstance(b, Layout):
+        fields = ("in_lo", "in_hi", "out_lo", "span", "counts")
+        return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
+    return False
 
 
 def tune_sparse(
