@@ -1,8 +1,8 @@
 """Pictures of a program: a Graphviz DOT of kernels and routes, and a mesh picture with a per-PE heatmap.
 
 ``program_graph`` is a ``networkx.MultiDiGraph`` (one node per kernel and host end, one edge per
-route leg with its color), ``write_dot`` writes it as DOT, and ``draw_mesh`` draws kernel regions
-and a per-PE nnz or SRAM heatmap with matplotlib (the ``plot`` extra)::
+route leg with its color), ``write_dot`` writes it as DOT, and ``draw_mesh`` draws kernel regions,
+every one named, over a per-PE nnz or SRAM heatmap with matplotlib (the ``plot`` extra)::
 
     >>> import sparsefx
     >>> sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 4)), 0.5, torch.ones(2, 8))
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from .csc import pe_nnz
 from .memory import pe_bytes
 from .program import DataflowProgram
 
-__all__ = ["program_graph", "write_dot", "pe_grid", "draw_mesh", "draw_grid"]
+__all__ = ["program_graph", "write_dot", "pe_grid", "draw_mesh", "draw_grid", "mesh_figure"]
 
 
 def program_graph(program: DataflowProgram) -> Any:
@@ -89,7 +91,7 @@ def pe_grid(program: DataflowProgram, what: str = "nnz") -> torch.Tensor:
 
 
 def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str = "nnz") -> None:
-    """A PNG of the mesh: the per-PE heatmap with each kernel's region outlined and the larger ones named."""
+    """A PNG of the mesh: the per-PE heatmap with each kernel's region outlined and named."""
     label = "nonzeros per PE" if what == "nnz" else "SRAM bytes per PE"
     title = (
         f"{len(program.kernels)} kernels on a {program.mesh} mesh, {program.mode}, {program.placement}"
@@ -99,9 +101,39 @@ def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str 
 
 
 def draw_grid(
-    program: DataflowProgram, grid: torch.Tensor, path: str | os.PathLike[str], label: str, title: str
+    program: DataflowProgram,
+    grid: torch.Tensor,
+    path: str | os.PathLike[str],
+    label: str,
+    title: str,
+    notes: Mapping[str, str] | None = None,
 ) -> None:
-    """A PNG of ``grid`` (``[height, width]`` per-PE values) over ``program``'s mesh, regions outlined."""
+    """A PNG of ``grid`` (``[height, width]`` per-PE values) over ``program``'s mesh, every kernel's region
+    outlined and named (``mesh_figure``), written atomically."""
+    fig = mesh_figure(program, grid, label, title, notes)
+    import matplotlib.pyplot as plt
+
+    try:
+        atomic_write(
+            Path(path), lambda file: fig.savefig(file, dpi=130, format="png"), ProgramWriteError, "picture"
+        )
+    finally:
+        plt.close(fig)
+
+
+def mesh_figure(
+    program: DataflowProgram,
+    grid: torch.Tensor,
+    label: str,
+    title: str,
+    notes: Mapping[str, str] | None = None,
+) -> Any:
+    """The matplotlib figure ``draw_grid`` saves: the heatmap, each kernel's region outlined in its own
+    color and labelled with its name (and ``notes[name]``, a figure such as its busy cycles).
+
+    Pipelined kernels sit side by side, so each label goes inside its region, turned to run along a
+    narrow one. Streaming kernels all start at column 0 and share the mesh one at a time, so their
+    labels go in a key beside the mesh, in program order, each in its outline's color."""
     try:
         import matplotlib
 
@@ -110,37 +142,59 @@ def draw_grid(
         from matplotlib.patches import Rectangle
     except ImportError as exc:  # the optional extra
         raise ImportError("drawing the mesh needs matplotlib: pip install 'sparsefx[plot]'") from exc
+    notes = notes or {}
+    stacked = program.mode == "streaming"
     aspect = program.mesh.height / program.mesh.width
-    fig, ax = plt.subplots(figsize=(11, max(3.0, 11 * aspect * 0.8)))
+    height = max(3.0, 11 * aspect * 0.8)
+    key_columns = -(-len(program.kernels) // _KEY_ROWS) if stacked else 0
+    inches = 11 + _KEY_INCHES * key_columns
+    fig, ax = plt.subplots(figsize=(inches, height))
     shown = ax.imshow(grid.float().numpy(), cmap="viridis", interpolation="nearest", aspect="auto")
     fig.colorbar(shown, ax=ax, label=label)
-    palette = plt.get_cmap("tab20")
-    span = program.mesh.width
+    palette = plt.get_cmap("tab10")  # dark enough to read as text on white
+    column_points = 72 * 11 * 0.8 / max(program.mesh.width, 1)  # about one mesh column, in points
     for i, k in enumerate(program.kernels):
-        r = k.region
-        ax.add_patch(
-            Rectangle(
-                (r.x - 0.5, r.y - 0.5), r.width, r.height, fill=False, lw=0.6, edgecolor=palette(i % 20)
+        r, color = k.region, palette(i % 10)
+        outline = Rectangle((r.x - 0.5, r.y - 0.5), r.width, r.height, fill=False, lw=0.6, edgecolor=color)
+        ax.add_patch(outline)
+        text = f"{k.name} {notes[k.name]}" if k.name in notes else k.name
+        if stacked:
+            column, row = divmod(i, _KEY_ROWS)
+            text = f"{text}  ({r.width} cols)"
+            fig.text(
+                (11 + _KEY_INCHES * column) / inches,
+                0.95 - row * 0.9 / _KEY_ROWS,
+                text,
+                color=color,
+                fontsize=5,
+                va="top",
+                ha="left",
             )
+            continue
+        turned = r.height * aspect >= r.width / 2 or r.width < 4
+        size = min(7.0, max(2.0, column_points * (r.width if turned else r.height * 4)))
+        ax.text(
+            r.x + (r.width - 1) / 2,
+            r.y + (r.height - 1) / 2,
+            text,
+            color="white",
+            fontsize=size,
+            rotation=90 if turned else 0,
+            ha="center",
+            va="center",
+            clip_on=True,
         )
-        if k.op == "sparse_matmul" and r.width >= span / 40:
-            ax.text(
-                r.x + r.width / 2,
-                r.y + r.height / 2,
-                k.name,
-                color="white",
-                fontsize=6,
-                rotation=90,
-                ha="center",
-                va="center",
-            )
     ax.set_xlabel("PE column (x)")
     ax.set_ylabel("PE row (y)")
-    ax.set_title(title)
-    fig.tight_layout()
-    try:
-        atomic_write(
-            Path(path), lambda file: fig.savefig(file, dpi=130, format="png"), ProgramWriteError, "picture"
-        )
-    finally:
-        plt.close(fig)
+    ax.set_title("\n".join(textwrap.fill(line, 150) for line in title.split("\n")), fontsize=8)
+    if stacked:
+        fig.subplots_adjust(left=0.6 / inches, right=10.8 / inches, top=0.9)
+    else:
+        fig.tight_layout()
+    return fig
+
+
+_KEY_ROWS = 60
+"""Labels per column of a streaming picture's key."""
+_KEY_INCHES = 2.2
+"""Width of one column of the key."""
