@@ -100,13 +100,30 @@ def capture(
 
 def _try_fx(model: nn.Module, args: tuple, kwargs: dict) -> tuple[fx.GraphModule | None, str]:
     concrete = _concrete_args(model, args, kwargs)
+    with _tracer_attributes_removed(model):
+        try:
+            with _state_unchanged(model):
+                graph = _BufferTracer().trace(model, concrete_args=concrete or None)
+        except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError, AttributeError ...
+            return None, _one_line(exc)
+        _restore_argument_names(graph, model)
+        return fx.GraphModule(model, graph, model.__class__.__name__), ""
+
+
+@contextlib.contextmanager
+def _tracer_attributes_removed(model: nn.Module) -> Iterator[None]:
+    """Take back the attributes fx's tracer set on ``model`` once the GraphModule has copied them.
+
+    fx stows a tensor the forward builds (``torch.eye(3)``) as ``_tensor_constant0`` on the module it
+    traces: the private tree, here. Left there, ``rehome`` would take it for an attribute of the tree
+    and drop the graph's own copy; it belongs to the graph only (``sparsefx.shell``).
+    """
+    before = set(model.__dict__)
     try:
-        with _state_unchanged(model):
-            graph = _BufferTracer().trace(model, concrete_args=concrete or None)
-    except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError, AttributeError ...
-        return None, _one_line(exc)
-    _restore_argument_names(graph, model)
-    return fx.GraphModule(model, graph, model.__class__.__name__), ""
+        yield
+    finally:
+        for name in set(model.__dict__) - before:
+            del model.__dict__[name]
 
 
 def _restore_argument_names(graph: fx.Graph, model: nn.Module) -> None:

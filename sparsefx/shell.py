@@ -62,21 +62,28 @@ def private_copy(module: nn.Module) -> nn.Module:
 
 def rehome(gm: fx.GraphModule, tree: nn.Module) -> fx.GraphModule:
     """Point ``gm``'s parameter, buffer and child dicts at ``tree``'s; keep graph-only attributes apart."""
-    extras = {}
-    for node in gm.graph.nodes:
-        if node.op in ("get_attr", "call_module") and not _resolves(tree, node.target):
-            extras[node.target] = _attr(gm, node.target)
+    targets = [str(n.target) for n in gm.graph.nodes if n.op in ("get_attr", "call_module")]
+    extras = {target: _attr(gm, target) for target in targets if not _resolves(tree, target)}
     gm._parameters = tree._parameters
     gm._buffers = tree._buffers
     gm._non_persistent_buffers_set = tree._non_persistent_buffers_set
     gm._modules = tree._modules
     gm.training = tree.training
     for target, value in extras.items():
-        holder_path, _, name = target.rpartition(".")
-        holder = gm.get_submodule(holder_path) if holder_path else gm
-        object.__setattr__(holder, name, value)
+        _place(gm, target, value)
+    for target in targets:
+        if target not in extras and not _resolves(gm, target):
+            # a plain attribute of the tree's root (``self.scale = torch.tensor(...)``): fx made it a
+            # buffer of gm, which the shared buffer dict just dropped. Read the tree's, as eager does.
+            _place(gm, target, _attr(tree, target))
     gm.meta[EXTRAS] = sorted(extras)
     return gm
+
+
+def _place(gm: fx.GraphModule, target: str, value: Any) -> None:
+    holder_path, _, name = target.rpartition(".")
+    holder = gm.get_submodule(holder_path) if holder_path else gm
+    object.__setattr__(holder, name, value)
 
 
 def graph_extras(gm: fx.GraphModule) -> list[str]:
@@ -94,9 +101,9 @@ def move_extras(gm: fx.GraphModule, fn: Any) -> None:
             object.__setattr__(holder, name, fn(value))
 
 
-def _resolves(tree: nn.Module, target: str) -> bool:
+def _resolves(root: nn.Module, target: str) -> bool:
     try:
-        _attr(tree, target)
+        _attr(root, target)
     except AttributeError:
         return False
     return True

@@ -12,6 +12,7 @@ from torch import nn
 
 import sparsefx
 from conftest import assert_outputs_close, reference_forward
+from sparsefx.shell import graph_extras
 
 
 class FunctionalDropout(nn.Module):
@@ -228,6 +229,44 @@ def test_state_dict_is_the_original_plus_masks(untraceable: bool) -> None:
     with torch.no_grad():
         sm.get_parameter("scale").fill_(3.0)
     assert float(model.scale.detach()[0]) == 3.0, "the compiled model trains the caller's parameters"
+
+
+class Constants(nn.Module):
+    """Tensors the forward builds itself: fx stows them as ``_tensor_constant*``, export lifts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.register_buffer("keep", torch.tensor([[True, False, True]] * 3))
+        self.scale = torch.tensor([0.5, 1.0, 2.0])  # a plain attribute of the root: neither buffer nor state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = self.keep | torch.eye(3, dtype=torch.bool)
+        return (self.fc(x) @ mixed.to(x.dtype)) * self.scale + torch.tensor([1.0, -1.0, 3.0])
+
+
+@pytest.mark.parametrize("method", ["fx", "export"])
+def test_tensor_constants_stay_with_the_graph_out_of_state_dict(method: str) -> None:
+    model = Constants()
+    original = set(model.state_dict())
+    x = torch.randn(4, 3)
+    sm = sparsefx.compile(model, {"sparsity": 0.5}, (x,), capture_method=method)
+    assert sm.capture_method == method
+    assert set(sm.state_dict()) == original | {"fc.weight_mask"}
+    assert not any("constant" in name for name, _ in model.named_buffers()), "the tracer left them behind"
+    fresh = torch.randn(5, 3)
+    assert_outputs_close(sm(fresh), reference_forward(model, sm.masks, (fresh,), {}))
+    sm.eval()
+    program = sparsefx.lower(sm, x, mesh=(16, 4))
+    for executor in ("fast", "reference"):
+        assert_outputs_close(sparsefx.run(program, x, executor=executor).outputs, sm(x), atol=1e-5)
+    sm.to(torch.float64)  # moves the graph's own constants, like parameters; the plain attribute stays
+    gm = sm.graph_module
+    moved = [getattr(gm, name) for name in graph_extras(gm) if isinstance(getattr(gm, name), torch.Tensor)]
+    assert len(moved) >= 1 and {t.dtype for t in moved if t.is_floating_point()} == {torch.float64}
+    assert gm.scale is model.scale and model.scale.dtype == torch.float32
+    want = reference_forward(copy.deepcopy(model).double(), sm.masks, (fresh.double(),), {})
+    assert_outputs_close(sm(fresh.double()), want)
 
 
 # ------------------------------------------------------------------------------------- any call
