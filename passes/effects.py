@@ -19,9 +19,16 @@ import operator
 import torch
 from torch import fx
 
-__all__ = ["has_side_effects", "eliminate_dead_code"]
+__all__ = ["has_side_effects", "eliminate_dead_code", "INPLACE_OPERATORS"]
 
 _WRITES = frozenset({operator.setitem, operator.delitem, setattr, delattr})
+
+INPLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+    operator.imatmul, operator.iconcat,
+})  # fmt: skip
+"""``h += 1`` as fx records it: on a tensor, it writes ``h`` in place."""
 
 
 def has_side_effects(node: fx.Node) -> bool:
@@ -35,7 +42,7 @@ def has_side_effects(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
-    if target in _WRITES or node.kwargs.get("inplace") is True:
+    if target in _WRITES or target in INPLACE_OPERATORS or node.kwargs.get("inplace") is True:
         return True
     if isinstance(target, torch._ops.OpOverload):
         return target._schema.is_mutable

@@ -25,6 +25,7 @@ import dataclasses
 import inspect
 import io
 import logging
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,9 +142,51 @@ def _restore_argument_names(graph: fx.Graph, model: nn.Module) -> None:
 
 class _BufferTracer(fx.Tracer):
     """Reads of buffers become graph nodes, so in-place updates of them (``running.mul_(0.9)``) are
-    recorded instead of being run once on the real tensor while tracing."""
+    recorded instead of being run once on the real tensor while tracing. ``h += 1`` is recorded as the
+    in-place ``operator.iadd`` (see ``_InPlaceProxy``)."""
 
     proxy_buffer_attributes = True
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _InPlaceProxy(node, self)
+
+
+INPLACE_OPERATORS = {
+    "__iadd__": operator.iadd,
+    "__isub__": operator.isub,
+    "__imul__": operator.imul,
+    "__itruediv__": operator.itruediv,
+    "__ifloordiv__": operator.ifloordiv,
+    "__imod__": operator.imod,
+    "__ipow__": operator.ipow,
+    "__iand__": operator.iand,
+    "__ior__": operator.ior,
+    "__ixor__": operator.ixor,
+    "__ilshift__": operator.ilshift,
+    "__irshift__": operator.irshift,
+}
+"""Augmented assignments fx's own Proxy leaves to Python's fallback, and the in-place op each records."""
+
+
+class _InPlaceProxy(fx.Proxy):
+    """A Proxy whose augmented assignments are recorded as the in-place operator.
+
+    fx's Proxy has no ``__iadd__``, so Python runs ``h += 1`` as ``h = h + 1``: a new value, while on a
+    tensor eager writes ``h`` in place and every alias of it (``y = h`` before) sees the change. The
+    graph would silently compute something else. ``operator.iadd`` runs the same in-place update.
+    """
+
+
+def _inplace_method(op: Any) -> Any:
+    def method(self: fx.Proxy, other: Any) -> fx.Proxy:
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+
+    method.__name__ = f"__{op.__name__}__"
+    return method
+
+
+for _name, _op in INPLACE_OPERATORS.items():
+    setattr(_InPlaceProxy, _name, _inplace_method(_op))
 
 
 @contextlib.contextmanager

@@ -13,8 +13,9 @@ user's model, while training still updates the user's parameters::
 ``rehome`` makes a captured ``GraphModule`` read and write that same tree: its parameter, buffer
 and child dicts become the tree's, so a buffer the graph reassigns, a mask loaded from a
 checkpoint or a parameter the forward never reads are the same objects for every graph and for
-``state_dict``. Attributes only the graph has (``torch.export``'s lifted constants and guard
-function) move to the graph module's own ``__dict__``, where they stay out of ``state_dict``.
+``state_dict``. Attributes only the graph has (fx's ``_tensor_constant*``, ``torch.export``'s lifted
+constants and guard function) move to the graph module's own ``__dict__``, where they stay out of
+``state_dict`` and ``move_extras`` moves their tensors with the model.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 
 from sparsefx.errors import LoweringError
 
+from ..effects import INPLACE_OPERATORS
 from .builder import Builder, Ref
 from .op_names import canonical_function, canonical_method, canonical_module
 from .rules import RULES, Call
@@ -107,13 +108,20 @@ def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
 
 
 def _mutates(node: fx.Node, module: Any) -> bool:
-    """Whether ``node`` writes its first argument in place (``x.relu_()``, ``F.relu(x, inplace=True)``)."""
+    """Whether ``node`` writes its first argument in place (``x.relu_()``, ``F.relu(x, inplace=True)``,
+    ``h += 1`` as fx records it, ``aten.add_.Tensor``)."""
     if module is not None:
         return bool(getattr(module, "inplace", False))
     if node.op == "call_method":
         return str(node.target).endswith("_") and not str(node.target).endswith("__")
-    name = getattr(node.target, "__name__", "")
-    if getattr(node.target, "__module__", None) == "_operator":  # operator.and_ (a & b) writes nothing
+    target = node.target
+    if target in INPLACE_OPERATORS:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        first = target._schema.arguments[:1]
+        return bool(first) and first[0].alias_info is not None and first[0].alias_info.is_write
+    name = getattr(target, "__name__", "")
+    if getattr(target, "__module__", None) == "_operator":  # operator.and_ (a & b) writes nothing
         return False
     return node.kwargs.get("inplace") is True or (name.endswith("_") and not name.endswith("__"))
 
@@ -130,23 +138,104 @@ def _writes_state(node: fx.Node, module: Any) -> bool:
     return _mutates(node, module) or getattr(node.target, "__name__", "") in ("copy_", "setitem")
 
 
-def _follow_mutation(gm: fx.GraphModule, node: fx.Node, module: Any, low: dict, env: dict) -> None:
+def _follow_mutation(
+    node: fx.Node, module: Any, low: dict, env: dict, overwritten: dict, order: dict[fx.Node, int]
+) -> None:
     """After an in-place op, later readers of the tensor it wrote read the op's result.
 
-    Writing through a view also changes the tensor it views, which the program cannot follow: that is
-    a ``LoweringError`` rather than a silently different result.
+    Every node whose value is that tensor (the op's input, an alias of it such as ``y = h`` or
+    ``aten.alias``) reads the result from now on. A node whose value only shares memory with it (a view
+    of it, or the tensor it is a view of) changes too, which the program cannot follow: if such a node
+    is read afterwards, that is a ``LoweringError`` naming the op rather than a silently different result.
     """
     if not _mutates(node, module) or not node.args or not isinstance(node.args[0], fx.Node):
         return
-    target = node.args[0]
-    value = env.get(target)
-    if isinstance(value, torch.Tensor) and value._base is not None:
-        raise LoweringError(
-            f"cannot lower node {node.format_node()}: it writes in place into {target.name!r}, a view of "
-            "another tensor; use the out-of-place form"
-        )
-    if isinstance(low.get(target), Ref):
-        low[target] = low[node]
+    target, result = node.args[0], low[node]
+    written = env.get(target)
+    if not isinstance(written, torch.Tensor) or not isinstance(result, Ref):
+        return
+    overwritten[id(written)] = (written, result)
+    for other, value in env.items():
+        if other is node:
+            continue
+        if other is target or _same_tensor(value, written):
+            low[other] = result
+            continue
+        if _read_after(other, order[node], order) and any(_overlaps(t, written) for t in _tensors(value)):
+            raise LoweringError(
+                f"cannot lower node {node.format_node()}: it writes in place into {target.name!r} "
+                f"({_op_label(node)}), and {other.name!r}, read afterwards, shares its memory (a view of it, "
+                "or the tensor it views): a program cannot follow a write through a view; use the "
+                "out-of-place form"
+            )
+
+
+def _op_label(node: fx.Node) -> str:
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return str(node.target)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def _same_tensor(value: Any, written: torch.Tensor) -> bool:
+    """``value`` is ``written`` itself, or a view of exactly its elements in the same layout."""
+    if value is written:
+        return True
+    if not isinstance(value, torch.Tensor) or torch.strided not in (value.layout, written.layout):
+        return False
+    return (
+        value.untyped_storage().data_ptr() == written.untyped_storage().data_ptr()
+        and value.dtype == written.dtype
+        and value.shape == written.shape
+        and value.stride() == written.stride()
+        and value.storage_offset() == written.storage_offset()
+    )
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share at least one element of memory."""
+    if a.layout != torch.strided or b.layout != torch.strided or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    if a.element_size() != b.element_size():
+        return True  # a reinterpreting view (x.view(torch.int32)): assume the worst
+    (a_lo, a_hi), (b_lo, b_hi) = _span(a), _span(b)
+    if a_hi < b_lo or b_hi < a_lo:
+        return False
+    size = max(a_hi, b_hi) + 1
+    if size > _EXACT_OVERLAP_LIMIT:
+        return True  # interleaved views of a huge storage: assume the worst rather than index it all
+    index = torch.arange(size)
+    used = torch.zeros(size, dtype=torch.bool)
+    used[index.as_strided(a.shape, a.stride(), a.storage_offset()).reshape(-1)] = True
+    return bool(used[index.as_strided(b.shape, b.stride(), b.storage_offset()).reshape(-1)].any())
+
+
+_EXACT_OVERLAP_LIMIT = 1 << 24
+"""Storage elements up to which ``_overlaps`` marks the elements views use (interleaved column slices)."""
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and last storage element ``t`` can touch (strides are not negative)."""
+    offset = t.storage_offset()
+    return offset, offset + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def _read_after(other: fx.Node, position: int, order: dict[fx.Node, int]) -> bool:
+    """Whether a node after graph position ``position`` reads ``other``'s data (not only its shape)."""
+    for user in other.users:
+        if order[user] <= position:
+            continue
+        if user.op == "call_method" and user.target in SHAPE_OPS:
+            continue
+        if user.op == "call_function" and user.target is getattr and user.args[1] in METADATA:
+            continue
+        return True
+    return False
 
 
 def _has_ref(value: Any) -> bool:
@@ -165,6 +254,8 @@ def walk_graph(
     interp.args_iter = iter(flat_inputs(gm, args, kwargs))
     low: dict[fx.Node, Any] = {}
     written: list[str] = []  # parameters and buffers the forward writes: the program cannot
+    overwritten: dict[int, tuple[torch.Tensor, Ref]] = {}  # id -> (tensor, the value an op wrote)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     output = None
     with torch.no_grad():
         for node in gm.graph.nodes:
@@ -178,7 +269,7 @@ def walk_graph(
                 low[node] = b.input(node.name, real) if isinstance(real, torch.Tensor) else real
                 continue
             if node.op == "get_attr" or (skip is not None and skip(node)):
-                low[node] = real
+                low[node] = overwritten.get(id(real), (None, real))[1]  # a buffer the forward wrote
                 continue
             largs = fx.node.map_arg(node.args, lambda n: low[n])
             lkwargs = fx.node.map_arg(node.kwargs, lambda n: low[n])
@@ -206,7 +297,7 @@ def walk_graph(
                     f"ops with rules: {', '.join(sorted(RULES))}"
                 )
             low[node] = rule(b, Call(name, node, tuple(largs), dict(lkwargs), real, module))
-            _follow_mutation(gm, node, module, low, interp.env)
+            _follow_mutation(node, module, low, interp.env, overwritten, order)
     if output is None:
         raise LoweringError("the graph has no output node")
     outputs: list[str] = []

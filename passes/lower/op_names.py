@@ -30,8 +30,14 @@ _OPERATORS = {
     operator.pow: "pow",
     operator.getitem: "getitem",
     operator.matmul: "matmul",
-    operator.iadd: "add",
+    operator.iadd: "add",  # in place: interpret._mutates says so, and lowering follows the write
+    operator.isub: "sub",
     operator.imul: "mul",
+    operator.itruediv: "div",
+    operator.ipow: "pow",
+    operator.iand: "bitwise_and",
+    operator.ior: "bitwise_or",
+    operator.ixor: "bitwise_xor",
     operator.and_: "bitwise_and",
     operator.or_: "bitwise_or",
     operator.xor: "bitwise_xor",
@@ -78,7 +84,12 @@ _ALIASES = {
     "__xor__": "bitwise_xor",
     "__invert__": "bitwise_not",
     "add_": "add",
+    "sub_": "sub",
     "mul_": "mul",
+    "div_": "div",
+    "__iand__": "bitwise_and",
+    "__ior__": "bitwise_or",
+    "__ixor__": "bitwise_xor",
 }
 
 MODULES: dict[type, str] = {
