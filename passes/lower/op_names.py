@@ -87,6 +87,7 @@ _ALIASES = {
     "sub_": "sub",
     "mul_": "mul",
     "div_": "div",
+    "pow_": "pow",
     "__iand__": "bitwise_and",
     "__ior__": "bitwise_or",
     "__ixor__": "bitwise_xor",
