@@ -41,7 +41,6 @@ from .passes.meta import FLOPS
 from .passes.shape_prop import PropagateShapes
 from .runtime.call import KEY as CONSTANTS
 from .runtime.call import constant_inputs
-from .runtime.memory import sram_needed
 from .runtime.mesh import HardwareSpec, MeshSpec, mesh_spec
 from .runtime.program import DataflowProgram
 
@@ -94,9 +93,6 @@ def lower(
         on_step=on_step,
         on_kernel=on_kernel,
     )
-    for k in program.kernels:  # measured when placed, before plan-blocks chose the rows in flight
-        if "sram_max" in k.stats:
-            k.stats["sram_max"] = sram_needed(program, k)
     written = program.meta.get("state_not_updated")
     if written:
         warnings.warn(

@@ -17,7 +17,7 @@ from torch import fx
 
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.csc import imbalance
-from sparsefx.runtime.memory import pe_bytes
+from sparsefx.runtime.memory import pe_bytes, sram_needed
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import DataflowProgram, Kernel, Region
 
@@ -219,6 +219,9 @@ class PlanBlocks:
         found = tune_sparse(program, state.pending, narrowest, state.placement, report)
         plan_blocks(program, found)
         plan_dense(program, state.pending, state.meta["lanes"], report)
+        for k in program.kernels:  # measured when placed; the rows in flight chosen here add buffers
+            if "sram_max" in k.stats:
+                k.stats["sram_max"] = sram_needed(program, k)
         return PassResult(state, True)  # type: ignore[arg-type]
 
 
