@@ -157,6 +157,8 @@ def comparison_table(stats: RunStats) -> Any:
         "the whole model's ideal is its FLOP ratio, not 1/(1-s): matmuls kept dense, activation "
         "products and every other kernel cost the same on both sides"
     )
+    if c.beyond_flop_ratio:
+        table.caption += f"\n{c.beyond_flop_ratio}"
     table.caption_justify = "left"
     return table
 

@@ -455,6 +455,8 @@ def speedup_lines(program: Any, stats: Any) -> list[str]:
         f"whole model: realized speedup {c.realized:.2f}x against its own ideal, the dense/sparse FLOP ratio "
         f"{c.flop_ratio:.2f}x ({c.efficiency:.1%} of it){throughput}"
     )
+    if c.beyond_flop_ratio:
+        lines.append(c.beyond_flop_ratio)
     kept, products, layers = _flop_shares(program, c.layers)
     why = []
     if c.dense_matmuls:

@@ -5,12 +5,12 @@ The pinned benchmark settings (``BENCHMARKS.md``) give each figure its ideal: th
 as the sparse program, so neither can beat its ideal by being mapped better than its baseline; and a
 sparser model on the same mesh and mode is never slower. Both hold as properties over built-in and
 Hugging Face models at sparsities 0, 0.5, 0.9 and 0.99 in both modes; the model each mode runs is
-drawn with a fixed seed to keep the suite within its budget. Every model passes in streaming mode. In
-pipelined mode one known case does not: LLaMA with its cache (``_llama``) on (96, 8) beats its FLOP
-ratio (whole model 2.055x against 2.012x at 0.99, throughput 1.344x against 1.340x at 0.5), because
-the columns its sparse layers free go to its LM head, dense in both programs, which then runs faster
-than in the baseline. No fair column allocation removes it (a minimax share fixes 0.5 and breaks
-gpt-tiny), so the pipelined ideal itself is left to the mapping issue.
+drawn with a fixed seed to keep the suite within its budget.
+
+The FLOP ratio is a ceiling only while the sparse program does not use the mesh better than its
+baseline (``stats._beyond``). Pipelined on a mesh narrow for the model, each kernel's one column leaves
+the dense matmuls cramped, and LLaMA with its cache on 96x8 gains more than its FLOP ratio: the run
+names it in ``beyond_flop_ratio`` with both utilizations, and a wider mesh removes it.
 """
 
 from __future__ import annotations
@@ -72,39 +72,68 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
     "hf-gpt2": _gpt2,
     "hf-llama-cache": _llama,
 }
-MESH = {"streaming": (8, 8), "pipelined": (96, 8)}  # pipelined: one column per kernel at least
+MESH = {"streaming": (8, 8), "pipelined": (160, 8)}  # pipelined: room beyond one column per kernel
 SAMPLED = list(zip(random.Random(22).sample(sorted(MODELS), len(MESH)), MESH))  # a model for each mode
 
 
-def _runs(name: str, mode: str) -> list[RunStats]:
+def _runs(name: str, mode: str, mesh: tuple[int, int] | None = None, sparsities=SPARSITIES) -> list[RunStats]:
     """The model lowered and run at every sparsity, on the same inputs."""
     out = []
-    for s in SPARSITIES:
+    for s in sparsities:
         model, args = MODELS[name]()
         sm = sparsefx.compile(model, s, args)
-        program = sparsefx.lower(sm, args, mesh=MESH[mode], mode=mode)
+        program = sparsefx.lower(sm, args, mesh=mesh or MESH[mode], mode=mode)
         out.append(sparsefx.run(program, args).stats)
     return out
 
 
-def _check(name: str, mode: str, runs: list[RunStats]) -> None:
-    for s, stats in zip(SPARSITIES, runs):
+def _check(name: str, mode: str, runs: list[RunStats], sparsities=SPARSITIES) -> None:
+    for s, stats in zip(sparsities, runs):
         c = stats.dense
         assert c is not None, (name, mode, s, stats.dense_unavailable)
         where = (name, mode, s)
         assert c.layers_realized <= c.layers_ideal * (1 + SLACK), (*where, c.layers_realized, c.layers_ideal)
         assert c.realized <= c.flop_ratio * (1 + SLACK), (*where, c.realized, c.flop_ratio)
         assert c.throughput_realized <= c.flop_ratio * (1 + SLACK), (*where, c.throughput_realized)
+        assert c.beyond_flop_ratio == "", where
         if s == 0:  # the same model: every figure is exactly 1
             assert (c.dense_cycles, c.dense_interval) == (c.sparse_cycles, c.sparse_interval), where
             assert c.linear_realized == 1.0 and not c.layers, where
     cycles = [stats.cycles for stats in runs]
-    assert all(b <= a for a, b in zip(cycles, cycles[1:])), (name, mode, dict(zip(SPARSITIES, cycles)))
+    assert all(b <= a for a, b in zip(cycles, cycles[1:])), (name, mode, dict(zip(sparsities, cycles)))
 
 
 @pytest.mark.parametrize(("name", "mode"), SAMPLED)
 def test_speedups_stay_within_their_ideals_and_sparser_is_never_slower(name: str, mode: str) -> None:
     _check(name, mode, _runs(name, mode))
+
+
+def test_a_speedup_above_the_flop_ratio_is_named_with_the_utilizations_behind_it() -> None:
+    """LLaMA with its cache, pipelined on 96x8, one column per kernel at least: the dense matmuls share
+    the 28 columns left, and sparsity frees some of them. Its latency at 99% gains 2.055x against a FLOP
+    ratio of 2.012x, and its throughput at 90% 2.0x against 1.843x. The run says so: each figure above
+    the ratio comes with the sparse program keeping more of the mesh busy than its baseline (a speedup
+    is busy work saved times that), which is what lets it exceed. Sparser is still never slower."""
+    runs = _runs("hf-llama-cache", "pipelined", mesh=(96, 8), sparsities=(0.9, 0.99))
+    assert runs[1].cycles <= runs[0].cycles
+    named = 0
+    for s, stats in zip((0.9, 0.99), runs):
+        c = stats.dense
+        assert c is not None and c.layers_realized <= c.layers_ideal * (1 + SLACK), s
+        note = c.beyond_flop_ratio
+        for what, value, d, u in (
+            ("latency", c.realized, c.dense_utilization, c.sparse_utilization),
+            ("throughput", c.throughput_realized, c.dense_steady_utilization, c.sparse_steady_utilization),
+        ):
+            if value > c.flop_ratio * (1 + SLACK):
+                assert f"{what} {value:.3f}x" in note and f"{u:.1%}" in note and f"{d:.1%}" in note, (s, note)
+                assert u > d, (s, what, u, d)  # the only way past the FLOP ratio
+                named += 1
+            else:
+                assert what not in note, (s, note)
+    assert named >= 2, [r.dense.beyond_flop_ratio for r in runs]
+    wider = (0.9, 0.99)  # on 160x8 the dense matmuls have room: every figure within its ideal
+    _check("hf-llama-cache", "pipelined", _runs("hf-llama-cache", "pipelined", (160, 8), wider), wider)
 
 
 def test_the_gelu_after_a_layer_takes_a_block_size_good_for_it_too() -> None:

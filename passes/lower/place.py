@@ -5,7 +5,8 @@ travel from kernel to kernel along mesh rows. Kernels differ in width:
 
 - ``pipelined``: all kernels are resident at once, side by side in program order from column 0
   eastward. Each gets the columns its SRAM needs, and the columns left over are shared in
-  proportion to work (multiply-accumulates; one per element for ops without a weight).
+  proportion to work (``work``: a sparse matmul's multiply-accumulates and its input and output rows;
+  one per element for ops without a weight).
 - ``streaming``: one kernel at a time, each from column 0 over as much of the mesh as it can use:
   a matmul takes every column, capped by its outputs, and the lowering then searches narrower widths
   on the clock (``tune.py``). A matmul whose data does not fit the mesh runs in passes
@@ -41,7 +42,14 @@ def lanes_for(pending: list[Pending], inputs: list[tuple[int, ...]], mesh: MeshS
 
 
 def work(p: Pending) -> float:
-    """Multiply-accumulates of a matmul (nonzeros times rows); elements otherwise."""
+    """What a pipelined kernel's share of spare columns is weighed by: a sparse matmul's
+    multiply-accumulates (nonzeros times rows) plus the rows of every input feature it receives and
+    every output it sends, which do not shrink with its nonzeros; an activation matmul's
+    multiply-accumulates; elements otherwise."""
+    if p.op == "sparse_matmul" and p.sparse is not None:
+        out, inp = p.sparse.weight.shape
+        rows = math.prod(p.shape) // max(out, 1)
+        return p.flops / 2 + rows * (out + inp)
     if p.op in ("sparse_matmul", "matmul"):
         return p.flops / 2
     if p.op == "constant":
