@@ -2,27 +2,21 @@
 
 ``simulate(program, activity)`` times every kernel of a program, in program order, from the flows of
 its inputs: when each block of each input leaves its producer. A kernel's messages become one tensor
-of ``(PE, arrival, cost)``; ``fifo`` runs each PE's tasks in arrival order with one segmented
-``cummax`` (a PE's last finish is ``max_i(arrival_i + cost_i + ... + cost_last)``), so there is no
+of ``(PE, arrival, cost)``; ``runtime/queues.py`` runs each PE's tasks in arrival order without a
 Python loop per PE, nonzero or wavelet. ``activity`` says which input vectors of each sparse matmul
-are nonzero (the sender filters the rest); without it every vector is sent.
+are nonzero (the sender filters the rest); without it every vector is sent. What it returns is a
+``runtime/timeline.py`` ``Timeline``.
 
 Cross-route link sharing is not queued here: a route's own messages are serialized on its lanes,
 and the hottest links are reported from the traffic. The reference executor queues every link.
-
-    >>> import torch
-    >>> fifo(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 5]), torch.tensor([4, 4, 2])).tolist()
-    [4, 8, 7]
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,14 +37,10 @@ from .cost import (
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
 from .program import DataflowProgram, Kernel, lane_bounds
+from .queues import CHUNK, fifo, queues
+from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline, digest
 
-__all__ = [
-    "Flow", "KernelTime", "Timeline", "simulate", "time_alone", "kernel_alone", "fifo", "REDUCING_STATS",
-    "REUSE",
-]
-
-REDUCING_STATS = frozenset({"layer_norm", "softmax"})
-"""Kernels that all-reduce statistics across lanes before they finish a block."""
+__all__ = ["simulate", "time_alone", "kernel_alone", "REUSE"]
 
 REUSE = True
 """Whether a kernel met again in the same situation (``_Clock.situation``) takes its earlier timing.
@@ -62,228 +52,7 @@ dense baseline share them for kernels of the same geometry)."""
 
 _NAMES = ("param", "dense")  # attributes that name things (the weight; the baseline's plan), not timing
 
-_BIG = 1 << 44
 _NEVER = 1 << 62  # later than any cycle
-_CHUNK = 1 << 21  # entries of one scratch tensor of partial-sum times
-_PE_BITS = 22  # PE ids at or above 2**22 take two sorts
-
-
-def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
-    """Finish time of each task when every PE runs its tasks one at a time in arrival order.
-
-    Tasks are given in any order; ties in arrival keep the given order. Returns int64 finishes in
-    the given order.
-    """
-    if pe.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    pe, arrival, cost = pe.to(torch.int64), arrival.to(torch.int64), cost.to(torch.int64)
-    finish = torch.empty_like(arrival)
-    a_lo, a_hi = (int(v) for v in torch.aminmax(arrival))
-    p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
-    if p_lo >= 0 and p_hi < 1 << _PE_BITS:
-        # One sort of keys from each PE's own base (``_queues`` explains it), arrivals counted from the
-        # first; the base comes off at the end.
-        busy = torch.zeros(p_hi + 1, dtype=torch.int64).index_add_(0, pe, cost)
-        span = a_hi - a_lo + int(busy.max()) + 1
-        if (p_hi + 1) * span < 1 << 61:
-            base = (torch.cumsum(busy, 0) - busy + torch.arange(p_hi + 1) * span)[pe]
-            key, order = _sort(base + (arrival - a_lo), 2 * (p_hi + 1) * span)
-            c = cost[order]
-            total = torch.cumsum(c, 0)
-            done = torch.cummax(key.sub_(total).add_(c), 0).values.add_(total)
-            finish[order] = done.sub_(base[order]).add_(a_lo)
-            return finish
-    order = torch.argsort(arrival, stable=True)
-    order = order[torch.argsort(pe[order], stable=True)]
-    finish[order] = _run_sorted(pe[order], arrival[order], cost[order])
-    return finish
-
-
-def _sort(key: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stable sort of keys in ``[0, top)``: as int32 where they fit, which sorts about twice as fast."""
-    if top <= 1 << 31:
-        k, order = torch.sort(key.to(torch.int32), stable=True)
-        return k.to(torch.int64), order
-    return torch.sort(key, stable=True)
-
-
-def _run_sorted(p: torch.Tensor, a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``fifo``'s finishes for tasks already sorted by PE, then arrival: one segmented ``cummax``."""
-    total = torch.cumsum(c, 0)
-    first = torch.ones_like(p, dtype=torch.bool)
-    first[1:] = p[1:] != p[:-1]
-    start_index = torch.cummax(torch.where(first, torch.arange(len(p)), 0), 0).values
-    base = (total - c)[start_index]  # cost before each PE's first task
-    done = total - base  # cumulative cost within the PE
-    seg = torch.cumsum(first.to(torch.int64), 0)
-    key = a - (done - c) + seg * _BIG
-    best = torch.cummax(key, 0).values - seg * _BIG
-    return done + best
-
-
-def _queues(
-    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``fifo`` for a sparse matmul's tasks: ``[pes, blocks]`` when each PE finishes its last task of each
-    block (0 where it has none), and each PE's busy cycles.
-
-    Task ``(q, n)`` (block ``q``, pair ``n`` on PE ``pe[n]``, pairs PE by PE) arrives at ``arr[q, n]`` and
-    takes ``cost[q, n]`` cycles; cost 0 is no task. Ties in arrival go block by block, then pair by pair.
-    Sorts of ``(PE, arrival)`` keys over every ``(q, n)``, whole PEs at a time: a missing task is given
-    arrival 0, so it sorts first on its PE and never holds the PE up.
-    """
-    blocks, pairs = arr.shape
-    busy = torch.zeros(pes, dtype=torch.int64).index_add_(0, pe, cost.sum(0))
-    if arr.numel() == 0:
-        return torch.zeros((pes, blocks), dtype=torch.int64), busy
-    a_lo, a_hi = (int(v) for v in torch.aminmax(arr))
-    span = a_hi - a_lo + (int(busy.max()) if pes else 0) + 1  # arrivals counted from the first
-    if pes * span >= 1 << 61:
-        return _queues_slow(pe, arr, cost, pes), busy
-    best = torch.zeros(pes * blocks, dtype=torch.int64)
-    # Each PE's keys start at its own base: the cost of the PEs before it plus ``span`` per PE, so every
-    # key of a PE sorts after those of the PE before it and one running total and one cummax serve all
-    # PEs. A task ends at its PE's running total + the largest (arrival - running total before it) of
-    # the PE's tasks up to it; the sums below carry the base, taken off per PE at the end.
-    base = torch.cumsum(busy, 0) - busy + torch.arange(pes) * span
-    ends = torch.cumsum(torch.bincount(pe, minlength=pes), 0)  # each PE's pairs end there
-    group = torch.div(ends - 1, max(1, _CHUNK // blocks), rounding_mode="floor")
-    last = torch.cumsum(torch.unique_consecutive(group, return_counts=True)[1], 0) - 1
-    bounds = [0] + ends[last].tolist()
-    slot = pe[None, :] * blocks + torch.arange(blocks)[:, None]  # [blocks, pairs]: each task's (PE, block)
-    for n0, n1 in zip(bounds[:-1], bounds[1:]):  # whole PEs at a time, about _CHUNK tasks
-        if n1 == n0:
-            continue
-        c = cost[:, n0:n1]
-        key = torch.where(c > 0, arr[:, n0:n1] - a_lo, 0).add_(base[pe[n0:n1]][None, :]).reshape(-1)
-        key, order = _sort(key, 2 * pes * span)
-        c = c.reshape(-1)[order]
-        total = torch.cumsum(c, 0)
-        finish = torch.cummax(key.sub_(total).add_(c), 0).values.add_(total).masked_fill_(c == 0, 0)
-        best.scatter_reduce_(0, slot[:, n0:n1].reshape(-1)[order], finish, "amax")
-    best = best.reshape(pes, blocks).sub_(base[:, None])  # > 0 where a PE has tasks of a block
-    return torch.where(best > 0, best + a_lo, 0), busy
-
-
-def _queues_slow(pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int) -> torch.Tensor:
-    """``_queues`` for arrivals too large for one sort key: the tasks through ``fifo``."""
-    blocks = arr.shape[0]
-    q, n = (cost > 0).nonzero(as_tuple=True)
-    finish = fifo(pe[n], arr[q, n], cost[q, n])
-    return torch.zeros(pes * blocks, dtype=torch.int64).scatter_reduce_(
-        0, pe[n] * blocks + q, finish, "amax"
-    ).reshape(pes, blocks)
-
-
-@dataclass
-class Flow:
-    """How a value's messages leave its producer: one per feature per block, each lane one at a time.
-
-    ``ready[q, f]`` is when message ``(q, f)`` can leave the producer's edge column; a lane sends its
-    messages first come first served (``depart``), one wavelet per cycle.
-    """
-
-    value: str
-    dtype: str
-    features: int
-    lanes: int
-    rows: int
-    block: int
-    wave: torch.Tensor  # [blocks] wavelets per message
-    east: int  # the column messages leave from (-1: the host, west of column 0)
-    ready: torch.Tensor  # [blocks, features]
-    _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _shared: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
-
-    @property
-    def blocks(self) -> int:
-        """How many blocks the value comes in."""
-        return len(self.wave)
-
-    @property
-    def bounds(self) -> torch.Tensor:
-        """``lane_bounds`` of the value's features."""
-        return lane_bounds(self.features, self.lanes)
-
-    def depart(self, t0: int = 0) -> torch.Tensor:
-        """``[blocks, features]``: when each message's head leaves, sent no earlier than ``t0`` (a stored
-        value that a streaming-mode kernel reads in its own step is sent again then)."""
-        if t0 not in self._departs:
-            if self.waits(t0):
-                self._departs[t0] = self.waiting()[0] + t0
-            else:
-                lane = torch.searchsorted(self.bounds, torch.arange(self.features), right=True) - 1
-                pe = lane[None, :].expand(self.blocks, -1).reshape(-1)
-                wave = self.wave[:, None].expand(-1, self.features).reshape(-1)
-                finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
-                self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
-        return self._departs[t0]
-
-    def waits(self, t0: int) -> bool:
-        """Whether every message is ready by ``t0`` (then they leave in closed form, ``waiting``)."""
-        return self.features > 0 and int(self.ready.max()) <= t0
-
-    def waiting(self) -> tuple[torch.Tensor, tuple]:
-        """Departures, counted from the start, of messages all waiting at it (each lane sends its own in
-        order, block by block), and their ``_digest``; they depend on the wavelets and lanes alone, so
-        a moved copy shares them."""
-        if "start" not in self._shared:
-            bounds = self.bounds
-            lane = torch.searchsorted(bounds, torch.arange(self.features), right=True) - 1
-            sent_before = torch.cumsum(self.wave, 0) - self.wave  # per lane message, by earlier blocks
-            per_lane, rank = bounds.diff()[lane], torch.arange(self.features) - bounds[lane]
-            start = sent_before[:, None] * per_lane[None, :] + self.wave[:, None] * rank[None, :]
-            self._shared.update(start=start, digest=_digest(start))
-        return self._shared["start"], self._shared["digest"]
-
-    @property
-    def done(self) -> int:
-        """When the last message has left the producer. Times are never negative, so the lanes' queues
-        move with ``ready``: kept from its first message, it serves every moved copy."""
-        if self.features == 0:
-            return int(self.ready.max()) if self.ready.numel() else 0
-        first = int(self.ready.min())
-        if "done" not in self._shared:
-            self._shared["done"] = int((self.depart() + self.wave[:, None]).max()) - first
-        return self._shared["done"] + first
-
-
-@dataclass
-class KernelTime:
-    """One kernel's timing: when it ran, each PE's busy cycles, and what it received or skipped."""
-
-    name: str
-    op: str
-    start: int
-    end: int
-    busy: torch.Tensor  # [region pes] cycles of task work, row-major in the region
-    overhead: torch.Tensor  # [region pes] the task-start part of busy
-    blocks: int
-    messages: int = 0
-    skipped: int = 0  # input messages the sender filtered (all-zero vectors)
-    axpys: int = 0
-    skipped_axpys: int = 0
-    waits_on: str | int | None = None  # the input (or "load", "previous") whose arrival came last
-    load: tuple[int, int] | None = None  # streaming: when its weights were loaded
-    bus: tuple[torch.Tensor, torch.Tensor] | None = None  # wavelets per vertical link [width, height]
-    _sums: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)  # moved copies share
-
-    def busy_sums(self) -> tuple[int, int, int]:
-        """The busiest PE's cycles, all PEs' busy cycles and their task-start part, summed once."""
-        if "busy" not in self._sums:
-            top = int(self.busy.max()) if self.busy.numel() else 0
-            self._sums["busy"] = (top, int(self.busy.sum()), int(self.overhead.sum()))
-        return self._sums["busy"]
-
-
-@dataclass
-class Timeline:
-    """What ``simulate`` returns: per-kernel timings, value flows, and the makespan."""
-
-    kernels: list[KernelTime]
-    flows: dict[str, Flow]
-    cycles: int
-    output_done: dict[str, int] = field(default_factory=dict)
 
 
 def _host_flow(program: DataflowProgram, name: str, shape: tuple[int, ...], dtype: str) -> Flow:
@@ -475,11 +244,11 @@ class _Clock:
         parts: list[Any] = []
         for value in dict.fromkeys(k.inputs):
             f = self.flows[value]  # t0 is 0 outside streaming mode, as ``arrivals`` reads departures
-            sent = f.waiting()[1] if f.waits(t0) else _digest(f.depart(t0) - t0)
-            parts.append((f.east, f.features, f.lanes, f.rows, f.block, _digest(f.wave), sent))
+            sent = f.waiting()[1] if f.waits(t0) else digest(f.depart(t0) - t0)
+            parts.append((f.east, f.features, f.lanes, f.rows, f.block, digest(f.wave), sent))
         live = self.activity.get(k.name)
         if live is not None:
-            parts.append(_digest(_blocked(live, block_rows(k))))
+            parts.append(digest(_blocked(live, block_rows(k))))
         return ("timed", *parts)
 
     def _begin(self, k: Kernel) -> tuple[int, tuple[int, int] | None]:
@@ -554,7 +323,7 @@ class _Clock:
         cost = torch.where(work, count[None, :] * axpy[:, None], 0)  # [blocks, pairs]; 0: no task
         # PEs without a pair are done with every block at t0: only the active ones are timed
         active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
-        best, busy_active = _queues(at, arr, cost, len(active))
+        best, busy_active = queues(at, arr, cost, len(active))
         busy = torch.zeros(r.pes, dtype=torch.int64).index_put_((active,), busy_active)
         barrier = torch.full((blocks, len(active)), t0, dtype=torch.int64).scatter_reduce(
             1, at[None, :].expand_as(arr), arr, "amax"
@@ -662,7 +431,7 @@ class _Clock:
             earlier = _cumcount(group_seg[:, run_seg], torch.diff(starts, append=torch.tensor([len(seg_m)])))
             bus_run, done_run = bus_start.T[:, x_m[starts]], done_seg[:, run_seg]
             rank_m, o_m = rank[moving], o_m[None, :]
-            step = max(1, _CHUNK // len(seg_m))  # blocks at a time: bounded scratch memory
+            step = max(1, CHUNK // len(seg_m))  # blocks at a time: bounded scratch memory
             offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             for q0, q1, w in _chunks(wave_out, step):  # blocks whose messages have the same wavelets
                 if w not in offsets:  # on the bus after the pairs before; at the row after its run
@@ -764,13 +533,6 @@ class _Clock:
         return kt, flow
 
 
-def _digest(t: torch.Tensor) -> tuple:
-    """A tensor's shape, dtype and a 160-bit digest of its bytes: a key for ``kept``."""
-    data = t.contiguous().view(torch.uint8) if t.dtype == torch.bool else t.contiguous()
-    data = data.cpu()
-    return tuple(t.shape), str(t.dtype), hashlib.blake2b(data.numpy().tobytes(), digest_size=20).digest()
-
-
 def _moved(k: Kernel, kt: KernelTime, flow: Flow, dt: int, keep: bool = False) -> tuple[KernelTime, Flow]:
     """A timing and result flow moved ``dt`` cycles later, as new objects named for ``k``. A timing
     kept for reuse (``keep``) names the input it waits on by its place among the kernel's inputs, as
@@ -846,9 +608,9 @@ def _range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> t
     """``[ranges, blocks]``: the largest of rows ``lo..hi`` (inclusive, non-empty) of ``values`` ``[n,
     blocks]``. A sparse table built a level at a time up to what the longest range needs, each level
     answering its ranges before the next replaces it (no loop per range); blocks go a few at a time,
-    so that a level holds at most about ``_CHUNK * 4`` entries."""
+    so that a level holds at most about ``CHUNK * 4`` entries."""
     n, blocks = values.shape
-    step = max(1, _CHUNK * 4 // max(1, n))
+    step = max(1, CHUNK * 4 // max(1, n))
     if blocks > step:
         return torch.cat([_range_max_1d(values[:, q : q + step], lo, hi) for q in range(0, blocks, step)], 1)
     level = torch.floor(torch.log2((hi - lo + 1).clamp(min=1).to(torch.float64))).to(torch.int64)

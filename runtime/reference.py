@@ -54,12 +54,12 @@ from .cost import (
     wavelets,
 )
 from .evaluate import bind_inputs, rebuild_outputs
-from .fast import REDUCING_STATS, Flow, KernelTime, Timeline
 from .layout import layout, weight_bytes
 from .links import Links
 from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
 from .semantics import apply
 from .sparse_eval import Slices, sparse_matmul
+from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
 
 __all__ = ["execute", "MAX_PES"]
 

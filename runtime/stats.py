@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from .fast import KernelTime, Timeline
 from .layout import weight_bytes as weight_bytes_of
 from .memo import kept_for
 from .memory import sram_needed
 from .program import DataflowProgram, Kernel
+from .timeline import KernelTime, Timeline
 
 __all__ = [
     "KernelStats",

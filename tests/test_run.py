@@ -11,9 +11,9 @@ import torch
 import sparsefx
 from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
-from sparsefx.runtime import fast
-from sparsefx.runtime.fast import fifo
+from sparsefx.runtime import fast, queues
 from sparsefx.runtime.layout import Layout
+from sparsefx.runtime.queues import fifo
 
 MODES = ("pipelined", "streaming")
 
@@ -67,7 +67,7 @@ def test_queues_give_each_pes_last_finish_of_each_block(lo, hi):
         want = [[0] * blocks for _ in range(pes)]
         for (q, n), t in zip(tasks, finish):
             want[pe[n]][q] = max(want[pe[n]][q], t)
-        best, busy = fast._queues(torch.tensor(pe), torch.tensor(arr), torch.tensor(cost), pes)
+        best, busy = queues.queues(torch.tensor(pe), torch.tensor(arr), torch.tensor(cost), pes)
         assert best.tolist() == want
         assert busy.tolist() == [sum(cost[q][n] for q, n in tasks if pe[n] == p) for p in range(pes)]
 
@@ -75,7 +75,7 @@ def test_queues_give_each_pes_last_finish_of_each_block(lo, hi):
 @pytest.mark.parametrize(("height", "width", "blocks", "chunk"), [(7, 5, 3, None), (33, 9, 300, 64)])
 def test_range_max_is_the_largest_of_each_range(monkeypatch, height, width, blocks, chunk):
     if chunk is not None:  # blocks a few at a time
-        monkeypatch.setattr(fast, "_CHUNK", chunk)
+        monkeypatch.setattr(fast, "CHUNK", chunk)
     torch.manual_seed(0)
     grid = torch.randint(0, 1000, (height, width, blocks))
     x = torch.randint(0, width, (300,))

@@ -1,0 +1,141 @@
+"""What a clock produces, whichever executor ran it: value flows, kernel timings and the timeline.
+
+Both executors (``runtime/fast.py``, ``runtime/reference.py``) fill these in; ``runtime/stats.py``
+reads them. A ``Flow`` says how a value's messages leave its producer, a ``KernelTime`` when a kernel
+ran and how busy each of its PEs was, a ``Timeline`` all of them and the makespan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .program import lane_bounds
+from .queues import fifo
+
+__all__ = ["Flow", "KernelTime", "Timeline", "digest", "REDUCING_STATS"]
+
+REDUCING_STATS = frozenset({"layer_norm", "softmax"})
+"""Kernels that all-reduce statistics across lanes before they finish a block."""
+
+
+def digest(t: torch.Tensor) -> tuple:
+    """A tensor's shape, dtype and a 160-bit digest of its bytes: a key for ``kept``."""
+    data = t.contiguous().view(torch.uint8) if t.dtype == torch.bool else t.contiguous()
+    data = data.cpu()
+    return tuple(t.shape), str(t.dtype), hashlib.blake2b(data.numpy().tobytes(), digest_size=20).digest()
+
+
+
+@dataclass
+class Flow:
+    """How a value's messages leave its producer: one per feature per block, each lane one at a time.
+
+    ``ready[q, f]`` is when message ``(q, f)`` can leave the producer's edge column; a lane sends its
+    messages first come first served (``depart``), one wavelet per cycle.
+    """
+
+    value: str
+    dtype: str
+    features: int
+    lanes: int
+    rows: int
+    block: int
+    wave: torch.Tensor  # [blocks] wavelets per message
+    east: int  # the column messages leave from (-1: the host, west of column 0)
+    ready: torch.Tensor  # [blocks, features]
+    _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks the value comes in."""
+        return len(self.wave)
+
+    @property
+    def bounds(self) -> torch.Tensor:
+        """``lane_bounds`` of the value's features."""
+        return lane_bounds(self.features, self.lanes)
+
+    def depart(self, t0: int = 0) -> torch.Tensor:
+        """``[blocks, features]``: when each message's head leaves, sent no earlier than ``t0`` (a stored
+        value that a streaming-mode kernel reads in its own step is sent again then)."""
+        if t0 not in self._departs:
+            if self.waits(t0):
+                self._departs[t0] = self.waiting()[0] + t0
+            else:
+                lane = torch.searchsorted(self.bounds, torch.arange(self.features), right=True) - 1
+                pe = lane[None, :].expand(self.blocks, -1).reshape(-1)
+                wave = self.wave[:, None].expand(-1, self.features).reshape(-1)
+                finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
+                self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
+        return self._departs[t0]
+
+    def waits(self, t0: int) -> bool:
+        """Whether every message is ready by ``t0`` (then they leave in closed form, ``waiting``)."""
+        return self.features > 0 and int(self.ready.max()) <= t0
+
+    def waiting(self) -> tuple[torch.Tensor, tuple]:
+        """Departures, counted from the start, of messages all waiting at it (each lane sends its own in
+        order, block by block), and their ``_digest``; they depend on the wavelets and lanes alone, so
+        a moved copy shares them."""
+        if "start" not in self._shared:
+            bounds = self.bounds
+            lane = torch.searchsorted(bounds, torch.arange(self.features), right=True) - 1
+            sent_before = torch.cumsum(self.wave, 0) - self.wave  # per lane message, by earlier blocks
+            per_lane, rank = bounds.diff()[lane], torch.arange(self.features) - bounds[lane]
+            start = sent_before[:, None] * per_lane[None, :] + self.wave[:, None] * rank[None, :]
+            self._shared.update(start=start, digest=digest(start))
+        return self._shared["start"], self._shared["digest"]
+
+    @property
+    def done(self) -> int:
+        """When the last message has left the producer. Times are never negative, so the lanes' queues
+        move with ``ready``: kept from its first message, it serves every moved copy."""
+        if self.features == 0:
+            return int(self.ready.max()) if self.ready.numel() else 0
+        first = int(self.ready.min())
+        if "done" not in self._shared:
+            self._shared["done"] = int((self.depart() + self.wave[:, None]).max()) - first
+        return self._shared["done"] + first
+
+
+@dataclass
+class KernelTime:
+    """One kernel's timing: when it ran, each PE's busy cycles, and what it received or skipped."""
+
+    name: str
+    op: str
+    start: int
+    end: int
+    busy: torch.Tensor  # [region pes] cycles of task work, row-major in the region
+    overhead: torch.Tensor  # [region pes] the task-start part of busy
+    blocks: int
+    messages: int = 0
+    skipped: int = 0  # input messages the sender filtered (all-zero vectors)
+    axpys: int = 0
+    skipped_axpys: int = 0
+    waits_on: str | int | None = None  # the input (or "load", "previous") whose arrival came last
+    load: tuple[int, int] | None = None  # streaming: when its weights were loaded
+    bus: tuple[torch.Tensor, torch.Tensor] | None = None  # wavelets per vertical link [width, height]
+    _sums: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)  # moved copies share
+
+    def busy_sums(self) -> tuple[int, int, int]:
+        """The busiest PE's cycles, all PEs' busy cycles and their task-start part, summed once."""
+        if "busy" not in self._sums:
+            top = int(self.busy.max()) if self.busy.numel() else 0
+            self._sums["busy"] = (top, int(self.busy.sum()), int(self.overhead.sum()))
+        return self._sums["busy"]
+
+
+@dataclass
+class Timeline:
+    """What ``simulate`` returns: per-kernel timings, value flows, and the makespan."""
+
+    kernels: list[KernelTime]
+    flows: dict[str, Flow]
+    cycles: int
+    output_done: dict[str, int] = field(default_factory=dict)
