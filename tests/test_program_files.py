@@ -322,16 +322,37 @@ def test_a_full_disk_while_safetensors_writes_is_a_program_write_error(
     assert saved.read_bytes() == before and _names(saved.parent) == ["p.sfxp"]
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs permission bits that bind")
-def test_an_unwritable_folder_is_a_program_write_error(tmp_path: Path) -> None:
-    folder = tmp_path / "ro"
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under ``folder`` with its bytes (None: a folder)."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("obstacle", ["parent is a file", "target is a folder", "read-only folder"])
+def test_an_unwritable_target_is_a_program_write_error_naming_it(obstacle: str, tmp_path: Path) -> None:
+    """A write that fails, as root too (a file where a folder should be, a folder where the file should
+    be), is a ``ProgramWriteError`` naming the target, and leaves the tree as it was: no temp file, nothing
+    half-written. A folder without write permission binds only for other users than root."""
+    folder = tmp_path / "out"
     folder.mkdir()
-    folder.chmod(0o500)
+    (folder / "notes").write_bytes(b"kept")
+    target = folder / "p.sfxp"
+    if obstacle == "parent is a file":
+        target = folder / "notes" / "p.sfxp"
+    elif obstacle == "target is a folder":  # written in full next to it, then the move fails
+        target.mkdir()
+    elif os.name != "posix" or os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder")
+    before = _tree(tmp_path)
+    if obstacle == "read-only folder":
+        folder.chmod(0o500)
     try:
-        with pytest.raises(ProgramWriteError, match="cannot write"):
-            save_program(_program(), folder / "p.sfxp")
+        with pytest.raises(ProgramWriteError) as info:
+            save_program(_program(), target)
     finally:
         folder.chmod(0o700)
+    assert isinstance(info.value, SparseFXError)
+    assert str(info.value).startswith(f"cannot write {target}: ")
+    assert _tree(tmp_path) == before
 
 
 # -- bad files ------------------------------------------------------------------------------------
