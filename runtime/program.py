@@ -1,6 +1,6 @@
 """The dataflow program: what runs where on the mesh, and the data each PE holds.
 
-A ``DataflowProgram`` is the mesh and hardware it targets, the host's input and output streams, an
+A program (``ProgramData``) is the mesh and hardware it targets, the host's input and output streams, an
 ordered list of ``Kernel``s and the ``Route``s between them. Each kernel computes one value (named
 like the kernel) on a rectangular ``Region`` of PEs. Its per-PE data lives in flat arrays with
 offsets, stored once in ``program.arrays`` (``name -> tensor``) and described by
@@ -13,10 +13,13 @@ Values are laid out in lanes: a value of shape ``S`` is viewed as ``[rows, featu
 value on one color; on a pipelined program, lane ``r`` travels along mesh row ``region.y + r``.
 
 The op kinds and what each kernel stores are listed in ``OPS``; ``docs/architecture.md`` describes
-the sparse matmul's mapping (CSC per PE, 16-bit local row indices). ``verify()`` checks the
-invariants (``runtime/verify.py``)::
+the sparse matmul's mapping (CSC per PE, 16-bit local row indices). This module is plain data: it
+knows nothing of the checks (``runtime/verify.py``), the text form (``runtime/text.py``) or the file
+(``runtime/archive.py``). The public ``DataflowProgram`` (``runtime/dataflow.py``, also
+``sparsefx.DataflowProgram``) is this data with ``verify()``, ``str()`` and ``save()``; lowering and
+the loaders build it::
 
-    >>> p = DataflowProgram(MeshSpec(4, 4), HardwareSpec(), "pipelined", "block")
+    >>> p = ProgramData(MeshSpec(4, 4), HardwareSpec(), "pipelined", "block")
     >>> p.inputs.append(Stream("x", (2, 8), "float32"))
     >>> p.kernels.append(Kernel("relu", "elementwise", Region(0, 0, 1, 4), ("x",), (2, 8), "float32",
     ...                         attrs={"fn": "relu", "lanes": 4}))
@@ -47,6 +50,7 @@ __all__ = [
     "Task",
     "Route",
     "Kernel",
+    "ProgramData",
     "DataflowProgram",
     "lane_bounds",
 ]
@@ -194,8 +198,8 @@ class Kernel:
 
 
 @dataclass
-class DataflowProgram:
-    """A lowered model; see the module docstring. ``print(program)`` gives its text form."""
+class ProgramData:
+    """A lowered model's data; see the module docstring. ``DataflowProgram`` adds verify, print and save."""
 
     mesh: MeshSpec
     hardware: HardwareSpec
@@ -267,20 +271,7 @@ class DataflowProgram:
         colors = {r.color for r in self.routes} | {t.color for k in self.kernels for t in k.tasks}
         return len(colors)
 
-    # -- checking and printing --------------------------------------------------------------------
-    def verify(self) -> None:
-        """Raise ``VerifyError`` naming the kernel and PE if an invariant does not hold."""
-        from .verify import verify_program
 
-        verify_program(self)
-
-    def __str__(self) -> str:
-        from .text import print_program
-
-        return print_program(self)
-
-    def save(self, path: str) -> None:
-        """Write the program file (``runtime/archive.py``): manifest, text form, safetensors payloads."""
-        from .archive import save_program
-
-        save_program(self, path)
+DataflowProgram = ProgramData
+"""The data class under the name the executors and passes annotate with (they take any program's data).
+To build a program that can verify, print and save itself, use ``runtime.dataflow.DataflowProgram``."""

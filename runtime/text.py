@@ -1,5 +1,8 @@
 """The text form of a ``DataflowProgram``: ``print_program`` writes it, ``parse_program`` reads it back.
 
+The printer lives in ``runtime/textprint.py`` (below ``DataflowProgram``, whose ``str()`` it is) and is
+re-exported here; the parser builds the public ``DataflowProgram`` (``runtime/dataflow.py``).
+
 One line per item, in this order (MLIR-like: ``%name`` is a value, ``dtype[shape]`` a type, ``{...}``
 JSON data with sorted keys)::
 
@@ -26,7 +29,7 @@ Blank lines and lines starting with ``//`` are skipped. Parsing gives the progra
 and output_tree must be plain JSON data: lists, not tuples)::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-    >>> from sparsefx.runtime.program import DataflowProgram, Kernel, Region, Route, Stream
+    >>> from sparsefx.runtime.program import Kernel, Region, Route, Stream
     >>> p = DataflowProgram(MeshSpec(2, 1), HardwareSpec(), "pipelined", "block",
     ...                     inputs=[Stream("x", (2, 4), "float32")], outputs=["relu"])
     >>> p.kernels.append(Kernel("relu", "elementwise", Region(0, 0, 2, 1), ("x",), (2, 4), "float32",
@@ -47,20 +50,17 @@ and output_tree must be plain JSON data: lists, not tuples)::
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from sparsefx.errors import LoweringError, ProgramFormatError
 
+from .dataflow import DataflowProgram
 from .mesh import HardwareSpec, MeshSpec
-from .program import DTYPES, ArraySpec, DataflowProgram, Kernel, Region, Route, Stream, Task
-from .textscan import Cursor, dumps, name_text
+from .program import ArraySpec, Kernel, Region, Route, Stream, Task
+from .textprint import FORMAT, VERSION, names_text, print_program, routes_by_kernel, size_text, type_text
+from .textscan import Cursor
 
 __all__ = ["print_program", "parse_program", "FORMAT", "VERSION"]
-
-FORMAT = "sparsefx.program"
-VERSION = 1
-"""The header line is ``f"{FORMAT} {VERSION}"``; a text of another version is refused."""
 
 _ORDER = tuple(
     ["header", "mesh", "hardware", "meta", "input", "output", "output_tree", "%", "route", "array", "end"]
@@ -71,91 +71,6 @@ _SHOWN = {k: f"an {k!r} line" if k[0] in "aeiou" else f"a {k!r} line" for k in _
     "%": "a kernel line (%name = op(...) ...)",
 }
 _KERNEL_FIELDS = "end of line (kernel fields: nnz, routes, colors, attrs, arrays, tasks, stats, source)"
-
-
-# -- printing ----------------------------------------------------------------------------------------
-def _value(name: str) -> str:
-    return "%" + name_text(name)
-
-
-def _endpoint(name: str) -> str:
-    return "host" if name == "host" else _value(name)
-
-
-def _type(dtype: str, shape: tuple[int, ...]) -> str:
-    return f"{name_text(dtype)}[{', '.join(str(d) for d in shape)}]"
-
-
-def _names(names: Any) -> str:
-    return ", ".join(name_text(n) for n in names)
-
-
-def _size(specs: Any) -> str:
-    """The bytes of the arrays ``specs``, or ``?`` if one has a dtype that is not in ``DTYPES``."""
-    specs = list(specs)
-    return "?" if any(s.dtype not in DTYPES for s in specs) else str(sum(s.nbytes for s in specs))
-
-
-def _routes_by_kernel(routes: list[Route]) -> dict[str, list[Route]]:
-    """Each name -> the routes that start or end at it, in program order (``routes_of``)."""
-    out: dict[str, list[Route]] = {}
-    for r in routes:
-        for name in dict.fromkeys((r.src, *r.dsts)):
-            out.setdefault(name, []).append(r)
-    return out
-
-
-def _kernel_line(k: Kernel, routes: list[Route]) -> str:
-    stats = dict(k.stats)
-    reg = k.region
-    parts = [
-        f"{_value(k.name)} = {name_text(k.op)}({', '.join(map(_value, k.inputs))})",
-        f"@[{reg.x},{reg.y} {reg.width}x{reg.height}] : {_type(k.dtype, k.shape)}",
-    ]
-    if "nnz" in stats:
-        parts.append(f"nnz={dumps(stats.pop('nnz'))}")
-    parts.append(f"routes=[{_names(r.name for r in routes)}]")
-    parts.append(f"colors=[{', '.join(str(c) for c in sorted({r.color for r in routes}))}]")
-    if k.attrs:
-        parts.append(f"attrs={dumps(k.attrs)}")
-    if k.arrays:
-        roles = (f"{name_text(role)}: {name_text(array)}" for role, array in sorted(k.arrays.items()))
-        parts.append(f"arrays={{{', '.join(roles)}}}")
-    if k.tasks:
-        tasks = (f"{name_text(t.name)}(color={t.color}, trigger={name_text(t.trigger)})" for t in k.tasks)
-        parts.append(f"tasks=[{', '.join(tasks)}]")
-    if stats:
-        parts.append(f"stats={dumps(stats)}")
-    if k.source:
-        parts.append(f"source={json.dumps(k.source)}")
-    return " ".join(parts)
-
-
-def print_program(p: DataflowProgram) -> str:
-    """The text form of ``p`` (see the module docstring); no trailing newline."""
-    hw = " ".join(f"{f.name}={dumps(getattr(p.hardware, f.name))}" for f in dataclasses.fields(HardwareSpec))
-    lines = [
-        f"{FORMAT} {VERSION}",
-        f"mesh {p.mesh.width}x{p.mesh.height} mode={name_text(p.mode)} placement={name_text(p.placement)}",
-        f"hardware {hw}",
-        f"meta {dumps(p.meta)}",
-    ]
-    lines += [f"input {_value(s.name)} : {_type(s.dtype, s.shape)}" for s in p.inputs]
-    lines += [f"output {_value(name)}" for name in p.outputs]
-    lines.append(f"output_tree {dumps(p.output_tree)}")
-    by_kernel = _routes_by_kernel(p.routes)
-    lines += [_kernel_line(k, by_kernel.get(k.name, [])) for k in p.kernels]
-    for r in p.routes:
-        ends = f"{_endpoint(r.src)} -> [{', '.join(map(_endpoint, r.dsts))}]"
-        lines.append(
-            f"route {name_text(r.name)} color={r.color} value={_value(r.value)} {ends}"
-            f" kind={name_text(r.kind)} lanes={r.lanes} runs[{r.first}:{r.first + r.count}] step={r.step}"
-        )
-    for name, spec in p.specs.items():
-        lines.append(f"array {name_text(name)} : {_type(spec.dtype, spec.shape)} bytes={_size([spec])}")
-    counts = f"kernels={len(p.kernels)} routes={len(p.routes)} arrays={len(p.specs)}"
-    lines.append(f"end {counts} bytes={_size(p.specs.values())}")
-    return "\n".join(lines)
 
 
 # -- parsing -----------------------------------------------------------------------------------------
@@ -300,7 +215,7 @@ class _Parser:
         c.expect(":")
         spec = ArraySpec(*c.type())
         c.field("bytes")
-        _check_size(c, _size([spec]), f"the bytes of {_type(spec.dtype, spec.shape)}")
+        _checksize_text(c, size_text([spec]), f"the bytes of {type_text(spec.dtype, spec.shape)}")
         self.fields["specs"][name] = spec
 
     def _end(self, c: Cursor) -> None:
@@ -310,14 +225,14 @@ class _Parser:
             if c.keyed(key, c.int, f"the number of {key}") != len(items):
                 raise c.error(f"{key}={len(items)}, as the lines above give", start)
         c.field("bytes")
-        _check_size(c, _size(f["specs"].values()), "the arrays' total bytes")
-        by_kernel = _routes_by_kernel(f["routes"])
+        _checksize_text(c, size_text(f["specs"].values()), "the arrays' total bytes")
+        by_kernel = routes_by_kernel(f["routes"])
         for kc, start, name, routes, colors in self.claims:
             real = by_kernel.get(name, [])
             want = ([r.name for r in real], sorted({r.color for r in real}))
             if (routes, colors) != want:
                 raise kc.error(
-                    f"routes=[{_names(want[0])}] colors={want[1]} (as the route lines give)", start
+                    f"routes=[{names_text(want[0])}] colors={want[1]} (as the route lines give)", start
                 )
 
 
@@ -349,7 +264,7 @@ def _task(c: Cursor) -> Task:
     return Task(name, color, trigger)
 
 
-def _check_size(c: Cursor, size: str, what: str) -> None:
+def _checksize_text(c: Cursor, size: str, what: str) -> None:
     start = c.skip()
     if ("?" if c.accept("?") else str(c.int(what))) != size:
         raise c.error(f"{what}: {size}", start)

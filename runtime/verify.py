@@ -14,7 +14,7 @@ its size plus the per-PE arrays of its mesh (``MeshSpec`` bounds the mesh): the 
 expanded at a time, after their lengths are summed (a color's routes hold at most one entry per PE)::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-    >>> p = DataflowProgram(MeshSpec(2, 2), HardwareSpec(), "pipelined", "block")
+    >>> p = ProgramData(MeshSpec(2, 2), HardwareSpec(), "pipelined", "block")
     >>> p.kernels.append(Kernel("k", "elementwise", Region(1, 1, 2, 1), (), (1,), "float32"))
     >>> verify_program(p)
     Traceback (most recent call last):
@@ -32,7 +32,7 @@ from sparsefx.errors import VerifyError
 
 from .memory import pe_bytes
 from .mesh import Dir
-from .program import MODES, OPS, ArraySpec, DataflowProgram, Kernel, Region, Route
+from .program import MODES, OPS, ArraySpec, Kernel, ProgramData, Region, Route
 from .routes import RUN_FIELDS, expand
 
 __all__ = ["verify_program", "MAX_VALUE_ELEMENTS", "MAX_ROWS_IN_FLIGHT", "SPARSE_ROLES"]
@@ -57,7 +57,7 @@ _SLACK = 64  # entries a batch may hold past twice the mesh's PEs before it is r
 _STRAIGHT = {0: (0, 0), int(Dir.N): (0, -1), int(Dir.E): (1, 0), int(Dir.S): (0, 1), int(Dir.W): (-1, 0)}
 
 
-def verify_program(p: DataflowProgram) -> None:
+def verify_program(p: ProgramData) -> None:
     """Check ``p``; see the module docstring."""
     _check_header(p)
     _check_kernels(p)
@@ -79,7 +79,7 @@ def _fail(kernel: str, why: str) -> VerifyError:
     return VerifyError(f"kernel {kernel!r}: {why}")
 
 
-def _check_header(p: DataflowProgram) -> None:
+def _check_header(p: ProgramData) -> None:
     if p.mode not in MODES:
         raise VerifyError(f"mode {p.mode!r} is not one of {', '.join(MODES)}")
     names = [s.name for s in p.inputs]
@@ -87,7 +87,7 @@ def _check_header(p: DataflowProgram) -> None:
         raise VerifyError(f"program inputs {names} repeat a name")
 
 
-def _check_kernels(p: DataflowProgram) -> None:
+def _check_kernels(p: ProgramData) -> None:
     defined = {s.name for s in p.inputs}
     for s in p.inputs:
         _check_shape(s.shape, f"program input {s.name!r}")
@@ -162,7 +162,7 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_region(p: DataflowProgram, name: str, r: Region) -> None:
+def _check_region(p: ProgramData, name: str, r: Region) -> None:
     if r.width < 1 or r.height < 1:
         raise _fail(name, f"region {r} is empty")
     if r.x < 0 or r.y < 0:
@@ -173,7 +173,7 @@ def _check_region(p: DataflowProgram, name: str, r: Region) -> None:
         raise _fail(name, f"region {r} leaves the {p.mesh} mesh at PE ({r.x}, {p.mesh.height})")
 
 
-def _check_overlap(p: DataflowProgram) -> None:
+def _check_overlap(p: ProgramData) -> None:
     owner = torch.full((p.mesh.height, p.mesh.width), -1, dtype=torch.int32)
     for i, k in enumerate(p.kernels):
         r = k.region
@@ -186,7 +186,7 @@ def _check_overlap(p: DataflowProgram) -> None:
         window.fill_(i)
 
 
-def _check_colors(p: DataflowProgram) -> None:
+def _check_colors(p: ProgramData) -> None:
     limit = p.hardware.colors
     for route in p.routes:
         if not 0 <= route.color < limit:
@@ -203,7 +203,7 @@ def _check_colors(p: DataflowProgram) -> None:
                 )
 
 
-def _check_route_fields(p: DataflowProgram) -> None:
+def _check_route_fields(p: ProgramData) -> None:
     """Each route runs between known ends, on rows of the runs table, at a step of the program."""
     if not p.routes:
         return
@@ -244,7 +244,7 @@ def _check_route_fields(p: DataflowProgram) -> None:
             )
 
 
-def _check_consumers(p: DataflowProgram) -> None:
+def _check_consumers(p: ProgramData) -> None:
     if not p.routes:
         return
     carried: dict[tuple[str, str], Route] = {}
@@ -257,11 +257,11 @@ def _check_consumers(p: DataflowProgram) -> None:
                 raise _fail(k.name, f"no route carries its input {v!r} from {_producer(p, v)!r}")
 
 
-def _producer(p: DataflowProgram, value: str) -> str:
+def _producer(p: ProgramData, value: str) -> str:
     return "host" if any(s.name == value for s in p.inputs) else value
 
 
-def _check_memory(p: DataflowProgram, k: Kernel) -> None:
+def _check_memory(p: ProgramData, k: Kernel) -> None:
     need = pe_bytes(p, k)
     worst = int(torch.argmax(need))
     if int(need[worst]) > p.hardware.sram_bytes:
@@ -272,7 +272,7 @@ def _check_memory(p: DataflowProgram, k: Kernel) -> None:
         )
 
 
-def _check_csc(p: DataflowProgram, k: Kernel) -> None:
+def _check_csc(p: ProgramData, k: Kernel) -> None:
     n = k.region.pes
     nz_ptr = p.array(k, "nz_ptr").to(torch.int64)
     col_off = p.array(k, "col_ptr_off").to(torch.int64)
@@ -366,7 +366,7 @@ class _Table:
     to_host: torch.Tensor
 
 
-def _check_routes(p: DataflowProgram) -> None:
+def _check_routes(p: ProgramData) -> None:
     """Router entries of all routes: on the mesh, once per route, hops received, ends right, and no two
     routes on one color at one PE at once. The runs are checked straight and on the mesh first, then
     expanded one color at a time (a streaming program's, one color of one step at a time, with that
@@ -389,7 +389,7 @@ def _check_routes(p: DataflowProgram) -> None:
             _check_conflicts(p, torch.cat([held, _check_batch(p, table, by_step[step], len(held))]))
 
 
-def _batches(p: DataflowProgram, color: int) -> tuple[list[int], dict[int, list[int]]]:
+def _batches(p: ProgramData, color: int) -> tuple[list[int], dict[int, list[int]]]:
     """The routes on ``color`` in use at every step, and by step the others (streaming only)."""
     always, by_step = [], {}
     for i, r in enumerate(p.routes):
@@ -403,7 +403,7 @@ def _batches(p: DataflowProgram, color: int) -> tuple[list[int], dict[int, list[
 
 
 def _check_runs(
-    p: DataflowProgram, runs: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
+    p: ProgramData, runs: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
 ) -> list[int]:
     """Every run a route takes is straight and on the mesh; returns each route's router entries (the sum
     of its runs' lengths)."""
@@ -436,7 +436,7 @@ def _check_runs(
     return totals
 
 
-def _run_flaw(bits: int, size: int, p: DataflowProgram) -> str:
+def _run_flaw(bits: int, size: int, p: ProgramData) -> str:
     if bits not in _STRAIGHT or (bits == 0 and size > 1):
         return f"direction {bits} is not one of N=1, E=2, S=4, W=8"
     if size < 0:
@@ -444,7 +444,7 @@ def _run_flaw(bits: int, size: int, p: DataflowProgram) -> str:
     return f"it leaves the {p.mesh} mesh"
 
 
-def _check_batch(p: DataflowProgram, table: _Table, batch: list[int], held: int = 0) -> torch.Tensor:
+def _check_batch(p: ProgramData, table: _Table, batch: list[int], held: int = 0) -> torch.Tensor:
     """The per-route checks of the routes ``batch`` (global indices, ascending, one color); returns their
     ``(step, color, pe, route)`` entries. With the ``held`` entries of the same color, a batch holds at
     most one entry per PE; one that holds far more is refused before it is expanded (one a little over
@@ -501,7 +501,7 @@ def _check_batch(p: DataflowProgram, table: _Table, batch: list[int], held: int 
 
 
 def _check_hops(
-    p: DataflowProgram,
+    p: ProgramData,
     route: torch.Tensor,
     pe: torch.Tensor,
     tx: torch.Tensor,
@@ -536,7 +536,7 @@ def _check_hops(
 
 
 def _check_ends(
-    p: DataflowProgram, route: Route, owner: str, pe: torch.Tensor, rx: torch.Tensor, tx: torch.Tensor
+    p: ProgramData, route: Route, owner: str, pe: torch.Tensor, rx: torch.Tensor, tx: torch.Tensor
 ) -> None:
     width = p.mesh.width
     ramp = int(Dir.RAMP)
@@ -562,7 +562,7 @@ def _check_ends(
             raise _fail(d, f"route {route.name!r} of {route.value!r} never reaches its region {r}")
 
 
-def _check_conflicts(p: DataflowProgram, entries: torch.Tensor) -> None:
+def _check_conflicts(p: ProgramData, entries: torch.Tensor) -> None:
     """No PE holds two routes on the same color at the same step (step -1 overlaps every step)."""
     if p.mode == "streaming":
         always = entries[entries[:, 0] < 0]

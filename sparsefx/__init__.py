@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from .lowering import lower
     from .model import SparseModel
     from .runtime.archive import load_program
+    from .runtime.dataflow import DataflowProgram
     from .runtime.mesh import HardwareSpec, MeshSpec
-    from .runtime.program import DataflowProgram
     from .runtime.run import RunResult, run
     from .runtime.text import parse_program
 
@@ -85,7 +85,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "lower": (".lowering", "lower"),
     "run": (".runtime.run", "run"),
     "RunResult": (".runtime.run", "RunResult"),
-    "DataflowProgram": (".runtime.program", "DataflowProgram"),
+    "DataflowProgram": (".runtime.dataflow", "DataflowProgram"),
     "MeshSpec": (".runtime.mesh", "MeshSpec"),
     "HardwareSpec": (".runtime.mesh", "HardwareSpec"),
     "load_program": (".runtime.archive", "load_program"),

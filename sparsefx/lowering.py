@@ -41,8 +41,8 @@ from .passes.meta import FLOPS
 from .passes.shape_prop import PropagateShapes
 from .runtime.call import KEY as CONSTANTS
 from .runtime.call import constant_inputs
+from .runtime.dataflow import DataflowProgram
 from .runtime.mesh import HardwareSpec, MeshSpec, mesh_spec
-from .runtime.program import DataflowProgram
 
 __all__ = ["lower"]
 

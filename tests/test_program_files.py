@@ -31,10 +31,11 @@ from safetensors.torch import save as safetensors_save
 
 import sparsefx
 from sparsefx.errors import ProgramFormatError, ProgramWriteError, SparseFXError, VerifyError
-from sparsefx.runtime import archive
+from sparsefx.runtime import archive, archive_write
 from sparsefx.runtime.archive import load_program, save_program
+from sparsefx.runtime.dataflow import DataflowProgram
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-from sparsefx.runtime.program import DataflowProgram, Kernel, Region, Route, Stream, Task
+from sparsefx.runtime.program import Kernel, Region, Route, Stream, Task
 from sparsefx.runtime.text import print_program
 
 MANIFEST, TEXT, TENSORS = archive.MEMBERS
@@ -204,7 +205,7 @@ def test_arrays_sharing_memory_are_saved_apart(tmp_path: Path) -> None:
 
 
 def test_zip64_headers_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(archive, "_ZIP64_FROM", 0)  # the tensors member gets a zip64 local header
+    monkeypatch.setattr(archive_write, "_ZIP64_FROM", 0)  # the tensors member gets a zip64 local header
     save_program(_program(), tmp_path / "z.sfxp")
     q = load_program(tmp_path / "z.sfxp")
     assert torch.equal(q.arrays["c.table"], _program().arrays["c.table"])
@@ -284,7 +285,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
     failure: str, saved: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = saved.read_bytes()
-    real = archive._copy_aligned
+    real = archive_write._copy_aligned
 
     def half(zf: Any, file: Any, src: Any, size: int) -> None:
         real(zf, file, src, size // 2)  # write part of the payloads, then fail
@@ -294,7 +295,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
             raise KeyboardInterrupt
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(archive, "_copy_aligned", half)
+    monkeypatch.setattr(archive_write, "_copy_aligned", half)
     expected = {"runtime": RuntimeError, "interrupt": KeyboardInterrupt, "nospace": ProgramWriteError}[
         failure
     ]

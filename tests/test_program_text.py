@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 import sparsefx
 from sparsefx.errors import ProgramFormatError, VerifyError
+from sparsefx.runtime.dataflow import DataflowProgram
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-from sparsefx.runtime.program import ArraySpec, DataflowProgram, Kernel, Region, Route, Stream, Task
+from sparsefx.runtime.program import ArraySpec, Kernel, Region, Route, Stream, Task
 from sparsefx.runtime.text import parse_program, print_program
 
 FIELDS = [f.name for f in dataclasses.fields(DataflowProgram) if f.name != "arrays"]

@@ -18,9 +18,10 @@ from typing import Any
 from torch import fx
 
 from sparsefx.errors import LoweringError
+from sparsefx.runtime.dataflow import DataflowProgram
 from sparsefx.runtime.mesh import PRESETS, HardwareSpec, MeshSpec, mesh_spec
 from sparsefx.runtime.mesh import hardware as hardware_spec
-from sparsefx.runtime.program import MODES, PLACEMENTS, DataflowProgram
+from sparsefx.runtime.program import MODES, PLACEMENTS
 
 from ..manager import PassManager
 from . import steps

@@ -17,10 +17,11 @@ from torch import fx
 
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.csc import imbalance
+from sparsefx.runtime.dataflow import DataflowProgram
 from sparsefx.runtime.fast import simulate
 from sparsefx.runtime.memory import pe_bytes, sram_needed
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-from sparsefx.runtime.program import DataflowProgram, Kernel, Region
+from sparsefx.runtime.program import Kernel, Region
 from sparsefx.runtime.stats import steady_interval
 
 from ..manager import PassResult
