@@ -4,11 +4,17 @@ The graph is read with ``ast``, not by importing: an edge ``a -> b`` means that 
 top level imports ``b`` (imports inside functions and under ``if TYPE_CHECKING`` are left out). Importing
 ``x.y.z`` runs the packages ``x`` and ``x.y`` first, so those are edges too, except the importer's own
 ancestors (already running when it runs).
+
+``import_graph(lazy=True)`` also counts the imports inside functions and the public names ``sparsefx``
+imports on first use (its ``_LAZY`` table: ``from sparsefx import load_program``, ``sparsefx.lower``):
+a cycle hidden by laziness is still a cycle (only ``if TYPE_CHECKING`` blocks, which never run, are
+left out).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,11 +58,37 @@ def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _top_level(block)
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def _everywhere(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under ``node``, function bodies included, but not ``if TYPE_CHECKING`` blocks."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            for other in child.orelse:
+                yield other
+                yield from _everywhere(other)
+            continue
+        yield child
+        yield from _everywhere(child)
+
+
+@functools.cache
+def _package_lazy() -> dict[str, str]:
+    """Public name -> the module ``sparsefx.__getattr__`` imports for it (read from its ``_LAZY`` table)."""
+    tree = ast.parse((ROOT / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "_LAZY" and node.value is not None:
+            return {name: "sparsefx" + module for name, (module, _) in ast.literal_eval(node.value).items()}
+    raise AssertionError("sparsefx/__init__.py has no _LAZY table")
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path], lazy: bool = False) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    public = _package_lazy() if lazy else {}
     targets: set[str] = set()
-    for node in _top_level(tree.body):
+    for node in _everywhere(tree) if lazy else _top_level(tree.body):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -66,6 +98,10 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 base = f"{anchor}.{base}" if base else anchor
             targets.add(base)
             targets.update(f"{base}.{alias.name}" for alias in node.names)
+            if base == "sparsefx":
+                targets.update(public[alias.name] for alias in node.names if alias.name in public)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr in public:
+            targets.update([public[node.attr]] if node.value.id == "sparsefx" else [])
     ancestors = {name.rsplit(".", i)[0] for i in range(name.count(".") + 1)}
     edges: set[str] = set()
     for target in targets:
@@ -77,10 +113,10 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return edges
 
 
-def import_graph() -> dict[str, set[str]]:
-    """{module: the sparsefx modules its top level imports}."""
+def import_graph(lazy: bool = False) -> dict[str, set[str]]:
+    """{module: the sparsefx modules its top level imports}; ``lazy``: the modules it imports anywhere."""
     modules = _modules()
-    return {name: _imports(name, path, modules) for name, path in modules.items()}
+    return {name: _imports(name, path, modules, lazy) for name, path in modules.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -142,6 +178,56 @@ def test_no_import_cycle_anywhere() -> None:
     assert cycles(import_graph()) == []
 
 
+def test_no_import_cycle_anywhere_counting_lazy_imports() -> None:
+    assert cycles(import_graph(lazy=True)) == []
+
+
+def test_the_lazy_graph_sees_imports_in_functions_and_the_public_names(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sparsefx\n"
+        "def f():\n"
+        "    from .text import print_program\n"
+        "    from sparsefx import load_program\n"
+        "    return sparsefx.lower\n"
+        "if TYPE_CHECKING:\n"
+        "    from .verify import verify_program\n"
+    )
+    modules = _modules()
+    edges = _imports("sparsefx.runtime.probe", probe, modules, lazy=True)
+    assert {"sparsefx.runtime.text", "sparsefx.runtime.archive", "sparsefx.lowering"} <= edges
+    assert "sparsefx.runtime.verify" not in edges
+    assert _imports("sparsefx.runtime.probe", probe, modules) == set()
+
+
+def test_a_lazy_import_of_the_printer_in_program_py_is_a_cycle(tmp_path: Path) -> None:
+    """What ``program.py`` once did: a method importing ``print_program``, whose module imports it."""
+    probe = tmp_path / "program.py"
+    source = (SOURCES["sparsefx.runtime"] / "program.py").read_text(encoding="utf-8")
+    probe.write_text(
+        source + "\n\ndef _text(p):\n    from .text import print_program\n\n    return print_program(p)\n"
+    )
+    graph = import_graph(lazy=True)
+    graph["sparsefx.runtime.program"] = _imports("sparsefx.runtime.program", probe, _modules(), lazy=True)
+    assert any({"sparsefx.runtime.program", "sparsefx.runtime.text"} <= set(c) for c in cycles(graph))
+
+
+def test_program_data_knows_nothing_of_its_checks_text_or_file() -> None:
+    """``runtime/program.py`` is plain data; ``DataflowProgram`` (``runtime/dataflow.py``) sits above."""
+    graph = import_graph(lazy=True)
+    reached: set[str] = set()
+    todo = ["sparsefx.runtime.program"]
+    while todo:
+        for dep in graph[todo.pop()] - reached:
+            reached.add(dep)
+            todo.append(dep)
+    tools = {
+        f"sparsefx.runtime.{m}"
+        for m in ("verify", "text", "textprint", "archive", "archive_write", "dataflow")
+    }
+    assert not reached & tools, f"runtime/program.py reaches {sorted(reached & tools)}"
+
+
 def test_the_config_layer_imports_nothing_from_sparse() -> None:
     graph = import_graph()
     for name, deps in graph.items():
@@ -159,8 +245,9 @@ def test_sparse_never_imports_passes() -> None:
 
 
 if __name__ == "__main__":
-    for component in cycles(import_graph()):
-        print(" <-> ".join(component))
+    for lazy in (False, True):
+        for component in cycles(import_graph(lazy)):
+            print("lazy" if lazy else "top-level", " <-> ".join(component))
 
 
 def _all_imports(path: Path) -> set[str]:
