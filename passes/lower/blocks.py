@@ -157,6 +157,13 @@ def _timed(program: DataflowProgram, k: Kernel, known: Layout, b: int) -> tuple[
     return round(whole.end + (whole.end - half.end) * more), round(busy[1] + (busy[1] - busy[0]) * more)
 
 
+def _fits_at(program: DataflowProgram, k: Kernel, b: int) -> bool:
+    """Whether ``k`` fits its PEs' SRAM at ``b`` rows in flight (an all-ones matmul keeps no data);
+    leaves its ``rows_in_flight`` at ``b``."""
+    k.attrs["rows_in_flight"] = b
+    return bool(k.attrs.get("all_ones")) or fits(program, k)
+
+
 def _geometry(program: DataflowProgram, k: Kernel) -> tuple:
     """All an all-ones kernel's time alone depends on: its shape, region and attrs, and its inputs'."""
     attrs = tuple(sorted((n, repr(v)) for n, v in k.attrs.items() if n not in ("rows_in_flight", "dense")))
@@ -166,12 +173,13 @@ def _geometry(program: DataflowProgram, k: Kernel) -> tuple:
 
 def plan_blocks(program: DataflowProgram, known: Mapping[str, int] | None = None) -> None:
     """Set ``attrs["rows_in_flight"]`` on every kernel that streams rows (module docstring); ``known``
-    gives sparse matmuls whose block size was found already (``tune.py``)."""
+    gives sparse matmuls whose block size was found already (``tune.py``). A known size that overflows
+    the kernel's own PEs (a later layer given the first one's size untimed) is searched again."""
     chosen: dict[str, int] = {}
     geometric: dict[tuple, tuple[int, int, int] | None] = {}  # all-ones kernels: timed by geometry alone
     for k in program.kernels:
         if _tuned(k):
-            if known and k.name in known:
+            if known and k.name in known and _fits_at(program, k, known[k.name]):
                 found: tuple[int | None, int, int | None] | None = (None, known[k.name], None)
             elif k.attrs.get("all_ones"):
                 key = (_geometry(program, k), *(_geometry(program, c) for c in followers(program, k)))
