@@ -11,8 +11,12 @@ import torch
 import sparsefx
 from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
+from sparsefx.passes.lower.blocks import ROWWISE, candidates, fits
 from sparsefx.runtime import fast, queues
+from sparsefx.runtime.cost import row_streaming, rows_of
 from sparsefx.runtime.layout import Layout
+from sparsefx.runtime.memory import sram_needed
+from sparsefx.runtime.mesh import HardwareSpec
 from sparsefx.runtime.queues import fifo
 
 MODES = ("pipelined", "streaming")
@@ -210,12 +214,46 @@ def test_a_second_run_reuses_what_it_derived_and_sees_weights_changed_in_place(b
     assert torch.equal(swapped.outputs, copied.outputs)
 
 
+def _fits_at(program: sparsefx.DataflowProgram, k, rows: int) -> bool:
+    """Whether ``k``'s busiest PE would fit a PE's SRAM with ``rows`` rows in flight."""
+    had = k.attrs["rows_in_flight"]
+    k.attrs["rows_in_flight"] = rows
+    try:
+        return fits(program, k)
+    finally:
+        k.attrs["rows_in_flight"] = had
+
+
 def test_rows_in_flight_are_chosen_within_sram(builtins):
+    """With a PE's SRAM one byte short of what the busiest PE of gpt-tiny's roomy program needs, every
+    kernel's rows in flight keep its busiest PE within it, and the SRAM is what cut them: a sparse matmul
+    whose block shrank would not fit at its roomy size, and any other kernel takes the rows its inputs
+    stream (or all its rows), halved only while they do not fit (``plan_blocks``)."""
     sm, args = builtins["gpt-tiny"]
-    program = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"])
-    matmuls = [k for k in program.kernels if k.op == "sparse_matmul"]
-    assert all(isinstance(k.attrs.get("rows_in_flight"), int) for k in matmuls)
+    roomy = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"])
+    short = max(sram_needed(roomy, k) for k in roomy.kernels) - 1
+    program = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"], hardware=HardwareSpec(sram_bytes=short))
     assert all(isinstance(k.attrs["dense"]["region"], list) for k in program.kernels)
+    chosen = {k.name: k.attrs.get("rows_in_flight") for k in program.kernels}
+    assert all(isinstance(b, int) for b in chosen.values()), chosen
+    cut = 0
+    for k in program.kernels:
+        b = chosen[k.name]
+        assert sram_needed(program, k) <= short, (k.name, b)
+        if k.op == "sparse_matmul" and k.attrs.get("kind") in ROWWISE:
+            assert b in candidates(rows_of(k.shape)), (k.name, b)
+            was = roomy.kernel(k.name)
+            if b < was.attrs["rows_in_flight"] and k.region == was.region:
+                cut += 1
+                assert not _fits_at(program, k, was.attrs["rows_in_flight"]), k.name
+            continue
+        aligned = [chosen[v] for v in k.inputs if v in chosen and row_streaming(program, k, v)]
+        sizes = [min(aligned) if aligned else max(rows_of(k.shape), 1)]
+        while sizes[-1] > 1:
+            sizes.append(sizes[-1] // 2)
+        at = sizes.index(b)
+        assert at == 0 or not _fits_at(program, k, sizes[at - 1]), (k.name, sizes, b)
+    assert cut  # the SRAM bound bit
 
 
 def test_bad_executor_is_an_emulation_error(builtins):
