@@ -99,7 +99,8 @@ def test_pipelined_blocks_keep_the_busiest_pe_near_its_least() -> None:
 
 def test_long_kernels_are_timed_from_a_few_blocks_within_two_percent() -> None:
     """A block size with more than ``TIMED_BLOCKS`` blocks is timed on its first 8 and 16 and extrapolated:
-    exact where the PEs are saturated, close where data movement sets the pace (99% sparse, pipelined)."""
+    the busiest PE's cycles exactly (every block adds the same work), the kernel's within 2%: exactly in
+    the streaming case at 99%, to about 1% in the pipelined one at 90%, where data movement sets the pace."""
     assert TIMED_BLOCKS == 16
     for outputs, sparsity, mode in ((1024, 0.99, "streaming"), (256, 0.9, "pipelined")):
         torch.manual_seed(0)
@@ -114,7 +115,8 @@ def test_long_kernels_are_timed_from_a_few_blocks_within_two_percent() -> None:
                 exact = kernel_alone(program, k, known)
                 cycles, busy = _timed(program, k, known, b)
                 assert abs(cycles / exact.end - 1) <= 0.02, (k.name, b, cycles, exact.end)
-                assert abs(busy / int(exact.busy.max()) - 1) <= 0.02
+                assert mode == "pipelined" or cycles == exact.end, (k.name, b, cycles, exact.end)
+                assert busy == int(exact.busy.max()), (k.name, b)
             k.attrs["rows_in_flight"] = 256  # whole: as the full timing
             assert kernel_alone(program, k, known, rows=256).end == kernel_alone(program, k, known).end
             k.attrs["rows_in_flight"] = chosen
