@@ -27,6 +27,13 @@ def builtins():
     return compile_builtins()
 
 
+@pytest.fixture(scope="module")
+def gpt_tiny(builtins) -> sparsefx.DataflowProgram:
+    """gpt-tiny lowered pipelined on its mesh, for the tests that only read it."""
+    sm, args = builtins["gpt-tiny"]
+    return sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"])
+
+
 def _fresh(args: tuple) -> tuple:
     return tuple(
         torch.randint_like(a, 0, 100) if not a.is_floating_point() else torch.randn_like(a) for a in args
@@ -181,9 +188,8 @@ def test_zero_inputs_are_filtered_at_the_sender():
     assert busy.skipped_messages > 0  # the ReLU zeroes some of the second matmul's inputs
 
 
-def test_a_loaded_program_gives_identical_outputs_and_stats(builtins, tmp_path):
-    sm, args = builtins["gpt-tiny"]
-    program = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"])
+def test_a_loaded_program_gives_identical_outputs_and_stats(builtins, gpt_tiny, tmp_path):
+    args, program = builtins["gpt-tiny"][1], gpt_tiny
     path = tmp_path / "gpt.sfxp"
     program.save(str(path))
     loaded = sparsefx.load_program(str(path))
@@ -224,13 +230,13 @@ def _fits_at(program: sparsefx.DataflowProgram, k, rows: int) -> bool:
         k.attrs["rows_in_flight"] = had
 
 
-def test_rows_in_flight_are_chosen_within_sram(builtins):
+def test_rows_in_flight_are_chosen_within_sram(builtins, gpt_tiny):
     """With a PE's SRAM one byte short of what the busiest PE of gpt-tiny's roomy program needs, every
     kernel's rows in flight keep its busiest PE within it, and the SRAM is what cut them: a sparse matmul
     whose block shrank would not fit at its roomy size, and any other kernel takes the rows its inputs
     stream (or all its rows), halved only while they do not fit (``plan_blocks``)."""
     sm, args = builtins["gpt-tiny"]
-    roomy = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"])
+    roomy = gpt_tiny
     short = max(sram_needed(roomy, k) for k in roomy.kernels) - 1
     program = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"], hardware=HardwareSpec(sram_bytes=short))
     assert all(isinstance(k.attrs["dense"]["region"], list) for k in program.kernels)
