@@ -54,7 +54,7 @@ def _passes(k: Kernel, n: int) -> list[Kernel]:
     pieces = []
     for i in range(n):
         a, b = i * out // n, (i + 1) * out // n
-        attrs = dict(k.attrs, out_features=b - a)
+        attrs = dict(k.attrs, out_features=b - a, dense_offset=a)
         shape = (*k.shape[:-1], b - a)
         pieces.append(dataclasses.replace(k, name=f"{k.name}.dense{i}", shape=shape, attrs=attrs))
     cat = Kernel(
@@ -88,10 +88,18 @@ def dense_program(program: DataflowProgram) -> DataflowProgram | None:
 
 
 def dense_activity(activity: Mapping[str, torch.Tensor], program: DataflowProgram) -> dict[str, torch.Tensor]:
-    """The real program's input activity, under the dense program's kernel names (passes included)."""
+    """The real program's zeros (``[rows, features]`` per value) under the dense program's names: a dense
+    pass ``<name>.dense<i>`` computes a slice of ``<name>``'s features.
+
+    The dense model's own activations would need the weights the masks prune, which a program does not
+    hold, so the baseline filters the sparse run's zeros: activation sparsity counts on both sides and
+    never inflates the weight-sparsity speedup."""
     out = dict(activity)
     for k in program.kernels:
         base = k.name.rsplit(".dense", 1)[0]
-        if base != k.name and base in activity:
-            out[k.name] = activity[base]
+        if base == k.name or base not in activity:
+            continue
+        seen, f = activity[base], int(k.attrs["out_features"])
+        first = int(k.attrs.get("dense_offset", 0))
+        out[k.name] = seen[:, first : first + f]
     return out

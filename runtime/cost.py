@@ -30,11 +30,15 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .memory import ROWS_IN_FLIGHT, itemsize
 from .mesh import HardwareSpec
 from .program import DataflowProgram, Kernel
 
 __all__ = [
+    "idle_tasks",
+    "ZERO_SKIPPING",
     "ELEMENT_OPS",
     "TRANSCENDENTAL",
     "wavelets",
@@ -150,3 +154,27 @@ def ops_per_element(program: DataflowProgram, kernel: Kernel) -> int:
         n_in = math.prod(program.value(kernel.inputs[0]).shape)
         return max(1, n_in // max(math.prod(kernel.shape), 1))
     return ops
+
+
+ZERO_SKIPPING = frozenset({"elementwise", "layout"})
+"""Kernels whose task on all-zero data makes all zeros and can be left out: an elementwise op whose
+result is zero where its inputs are (ReLU, a product; not ``exp``), and a layout change (zeros moved
+are zeros). Norms, softmax, reductions and activation products run every task."""
+
+
+def idle_tasks(op: str, heard: torch.Tensor, out_live: torch.Tensor | None) -> torch.Tensor | None:
+    """``[blocks, features]``: the tasks a kernel leaves out because nothing arrives and nothing leaves.
+
+    A zero is not sent, so a task with no input data runs only to make a nonzero result (``exp(0)``,
+    a bias). An elementwise task none of whose input messages hold data, and whose result message is
+    all zero too, is not run; a layout task whose result is all zero is not run. ``heard[q, f]``:
+    whether an input message of task ``(q, f)`` holds data; ``out_live``: whether its result does
+    (None: unknown, every task runs).
+
+        >>> heard = torch.tensor([[True, False, False]])
+        >>> idle_tasks("elementwise", heard, torch.tensor([[False, False, True]])).tolist()
+        [[False, True, False]]
+    """
+    if out_live is None or op not in ZERO_SKIPPING:
+        return None
+    return ~out_live if op == "layout" else ~(heard | out_live)

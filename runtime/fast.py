@@ -3,9 +3,10 @@
 ``simulate(program, activity)`` times every kernel of a program, in program order, from the flows of
 its inputs: when each block of each input leaves its producer. A kernel's messages become one tensor
 of ``(PE, arrival, cost)``; ``runtime/queues.py`` runs each PE's tasks in arrival order without a
-Python loop per PE, nonzero or wavelet. ``activity`` says which input vectors of each sparse matmul
-are nonzero (the sender filters the rest); without it every vector is sent. What it returns is a
-``runtime/timeline.py`` ``Timeline``.
+Python loop per PE, nonzero or wavelet. ``activity[value]`` says which elements of each value are
+nonzero: a message whose values are all zero is not sent (``Flow.live``: no wavelets, no link time, no
+task on a sparse matmul; a reader learns that its block is complete from the lane's end-of-block mark).
+Without it every message is sent. What it returns is a ``runtime/timeline.py`` ``Timeline``.
 
 Cross-route link sharing is not queued here: a route's own messages are serialized on its lanes,
 and the hottest links are reported from the traffic. The reference executor queues every link.
@@ -24,9 +25,11 @@ import torch
 from sparsefx.trees import to_device
 
 from .cost import (
+    ZERO_SKIPPING,
     axpy_cycles,
     block_rows,
     features_of,
+    idle_tasks,
     load_cycles,
     ops_per_element,
     row_streaming_op,
@@ -55,7 +58,9 @@ _NAMES = ("param", "dense")  # attributes that name things (the weight; the base
 _NEVER = 1 << 62  # later than any cycle
 
 
-def _host_flow(program: DataflowProgram, name: str, shape: tuple[int, ...], dtype: str) -> Flow:
+def _host_flow(
+    program: DataflowProgram, name: str, shape: tuple[int, ...], dtype: str, live: torch.Tensor | None
+) -> Flow:
     hw = program.hardware
     f = features_of(shape)
     lanes = max(1, min(program.mesh.height, f))
@@ -63,7 +68,9 @@ def _host_flow(program: DataflowProgram, name: str, shape: tuple[int, ...], dtyp
     stretch = max(1.0, lanes / hw.host_wavelets_per_cycle)  # the host link is narrower than the lanes
     wave = math.ceil(wavelets(rows, dtype, hw) * stretch)
     ready = torch.zeros((1, f), dtype=torch.int64)
-    return Flow(name, dtype, f, lanes, rows, rows, torch.tensor([wave]), -1, ready)
+    flow = Flow(name, dtype, f, lanes, rows, rows, torch.tensor([wave]), -1, ready)
+    flow.live = _fits(live, flow)
+    return flow
 
 
 def _sizes(rows: int, b: int) -> torch.Tensor:
@@ -104,7 +111,8 @@ class _Clock:
         self.hw = program.hardware
         self.activity = {n: a.to(device or "cpu") for n, a in (activity or {}).items()}
         self.flows: dict[str, Flow] = {
-            s.name: _host_flow(program, s.name, s.shape, s.dtype) for s in program.inputs
+            s.name: _host_flow(program, s.name, s.shape, s.dtype, self.live(s.name, max(rows_of(s.shape), 1)))
+            for s in program.inputs
         }
         self.streaming = program.mode == "streaming"
         self.prev_end = 0
@@ -112,6 +120,12 @@ class _Clock:
         self.prev_start = 0
         self.t0 = 0
         self.reuse = REUSE  # keep and reuse kernel timings (``situation``)
+
+    def live(self, value: str, b: int) -> torch.Tensor | None:
+        """``[blocks, features]``: which messages of ``value`` in blocks of ``b`` rows hold a nonzero
+        (None: unknown, every message is sent)."""
+        seen = self.activity.get(value)
+        return None if seen is None or seen.dim() != 2 else _blocked(seen, b)
 
     def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per kernel structure, ``key`` and device: what depends on the program, not
@@ -165,19 +179,28 @@ class _Clock:
         )
         q = self._source_blocks(flow, kernel, value, blocks, b)
         depart = flow.depart(self.t0 if self.streaming else 0)
-        head = depart[q][:, feats].add_((self._hops(flow, x) * hop)[None, :])  # at (x, lane row)
+        sends = flow.sends[q]  # [blocks, all features]
+        hops = (self._hops(flow, x) * hop)[None, :]
+        head = depart[q][:, feats].add_(hops)  # at (x, lane row)
         if forks:  # up or down the column: queued on the busiest link the message crosses
             qs, q_at = torch.unique(q, return_inverse=True)
             first = torch.full((len(qs),), blocks, dtype=torch.int64).scatter_reduce(
                 0, q_at, torch.arange(blocks), "amin"
             )  # a consumer block that reads each source block
             at_column = head[first[:, None], pair[None, :]]  # [source blocks, messages on a column]
-            cost = flow.wave[qs][:, None].expand_as(at_column)
+            cost = flow.sends[qs][:, feats[pair]]  # a filtered message (0 wavelets) does not queue
             lanes_of = queue[None, :].expand_as(at_column)
             done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
             start = done.reshape(cost.shape) - cost
             head[:, fork_at] = start[q_at[:, None], k_at[None, :]]
-        return head.add_((rise.abs() * hop)[None, :]).add_(flow.wave[q][:, None])
+        climb = (rise.abs() * hop)[None, :]
+        arrived = head.add_(climb).add_(sends[:, feats])
+        if flow.live is None:
+            return arrived
+        # a filtered message: its reader knows it is all zero when its lane's end-of-block mark arrives
+        last = flow.last[feats]
+        mark = depart[q][:, last].add_(hops).add_(climb).add_(sends[:, last])
+        return torch.where(flow.live[q][:, feats], arrived, mark)
 
     def _forks(self, flow: Flow, feats: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple:
         """How messages reach their PEs, whatever their times: each PE's rows from the lane (``rise``);
@@ -212,6 +235,9 @@ class _Clock:
                 while len(timings) > SITUATIONS:  # a ReLU model meets a new zero pattern every run
                     timings.popitem(last=False)
             kt, flow = _moved(k, *timings[key], t0)
+            mine = _fits(self.live(k.name, flow.block), flow)  # its own zeros, not the kept timing's
+            if not _same(flow.live, mine):
+                flow = dataclasses.replace(flow, live=mine, _departs={}, _shared={})
         else:
             kt, flow = self._time(k, t0)
         kt.load = load
@@ -245,11 +271,23 @@ class _Clock:
         for value in dict.fromkeys(k.inputs):
             f = self.flows[value]  # t0 is 0 outside streaming mode, as ``arrivals`` reads departures
             sent = f.waiting()[1] if f.waits(t0) else digest(f.depart(t0) - t0)
-            parts.append((f.east, f.features, f.lanes, f.rows, f.block, digest(f.wave), sent))
-        live = self.activity.get(k.name)
-        if live is not None:
-            parts.append(digest(_blocked(live, block_rows(k))))
+            live = None if f.live is None else digest(f.live)
+            parts.append((f.east, f.features, f.lanes, f.rows, f.block, digest(f.wave), sent, live))
+        seen = self._input_live(k)
+        if seen is not None:
+            parts.append(digest(_blocked(seen, block_rows(k))))
+        own = self.live(k.name, block_rows(k))  # which of its tasks make only zeros (``idle_tasks``)
+        if own is not None and k.op in ZERO_SKIPPING:
+            parts.append(digest(own))
         return ("timed", *parts)
+
+    def _input_live(self, k: Kernel) -> torch.Tensor | None:
+        """``[rows, in_features]``: which input values of a sparse matmul (not a convolution, whose
+        tasks read im2col columns) are nonzero; None for other kernels or when unknown."""
+        if k.op != "sparse_matmul" or k.attrs.get("kind") not in ("linear", "addmm", "matmul"):
+            return None
+        seen = self.activity.get(k.inputs[0])
+        return None if seen is None else seen.reshape(-1, int(k.attrs["in_features"]))
 
     def _begin(self, k: Kernel) -> tuple[int, tuple[int, int] | None]:
         if not self.streaming:
@@ -271,7 +309,9 @@ class _Clock:
         """The result's flow: ``ready[q, f]`` when each message reaches the region's east edge."""
         f = features_of(k.shape)
         east = k.region.x + k.region.width - 1
-        return Flow(k.name, k.dtype, f, _lanes(k, f), rows_of(k.shape), b, wave, east, ready)
+        flow = Flow(k.name, k.dtype, f, _lanes(k, f), rows_of(k.shape), b, wave, east, ready)
+        flow.live = _fits(self.live(k.name, b), flow)
+        return flow
 
     def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor, torch.Tensor]:
         """Rows per block, blocks, each block's rows and each block's wavelets per message."""
@@ -293,7 +333,7 @@ class _Clock:
         if not flow.ready.numel():
             return self.t0
         if self.streaming:
-            return int((flow.ready + flow.wave[:, None]).max())
+            return max(flow.done, int((flow.ready + flow.sends).max()))  # its lanes pass one wavelet a cycle
         return flow.done
 
     def _waits(self, latest: dict[str, int], t0: int) -> str | None:
@@ -315,7 +355,7 @@ class _Clock:
         conv = kind in ("conv1d", "conv2d")  # im2col columns exist once the whole image has arrived
         feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
         arr = self.arrivals(value, k, blocks, b, feats, x, y, ("pairs", conv)).clamp_(min=t0)
-        live = self.activity.get(k.name)
+        live = self._input_live(k)
         sent = None if live is None or conv else _blocked(live, b)[:, col]  # None: every message sent
         axpy = _per_block(lambda n: axpy_cycles(n, k.dtype, hw), sizes)
         has = count > 0
@@ -330,7 +370,9 @@ class _Clock:
         )  # a PE's block is done once every message of its columns has come
         finish = torch.maximum(best.reshape(len(active), blocks), barrier.T)
         finish = torch.cummax(finish, dim=1).values
-        south, north, ready = self._reduce(k, s, finish, active, wave_out, t0)
+        # a block in which no PE ran a task has only zero partial sums: none is sent (zero wavelets)
+        summed = torch.where(work.any(1), wave_out, 0) if sent is not None else wave_out
+        south, north, ready = self._reduce(k, s, finish, active, summed, t0)
         flow = self._out_flow(k, ready, b, wave_out)
         tasks = count * work.sum(0)  # AXPYs of each (PE, column) over the blocks
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, tasks) * hw.task_start_cycles
@@ -351,9 +393,22 @@ class _Clock:
             axpys=axpys,
             skipped_axpys=blocks * int(count.sum()) - axpys,
             waits_on=self._waits(latest, t0),
-            bus=(south * int(wave_out.sum()), north * int(wave_out.sum())),
+            bus=(south * int(summed.sum()), north * int(summed.sum())),
         )
         return kt, flow
+
+    def _heard(self, flow: Flow, k: Kernel, value: str, blocks: int, b: int) -> torch.Tensor:
+        """``[blocks, features]``: whether any message of ``value`` that block ``q`` of ``k`` reads for a
+        feature holds data (every one, when the zeros are unknown)."""
+        if flow.live is None:
+            return torch.ones((blocks, flow.features), dtype=torch.bool)
+        rows = rows_of(k.shape)
+        if not (row_streaming_op(k) and flow.rows == rows):  # it reads the whole value
+            return flow.live.any(0, keepdim=True).expand(blocks, -1)
+        lo = torch.arange(blocks) * b // flow.block
+        hi = (torch.clamp(torch.arange(1, blocks + 1) * b, max=rows) - 1) // flow.block
+        seen = torch.cat([torch.zeros((1, flow.features), dtype=torch.int64), torch.cumsum(flow.live, 0)])
+        return (seen[hi + 1] - seen[lo]) > 0
 
     def _pairs(self, k: Kernel, s: Layout) -> tuple[torch.Tensor, ...]:
         """Each (PE, input column) pair of a sparse matmul: its PE, its column and the PE's place."""
@@ -496,6 +551,7 @@ class _Clock:
         pe_local = lane * r.width + rank % r.width
         arr = torch.full((blocks, f), t0, dtype=torch.int64)
         latest: dict[str, int] = {}
+        heard = torch.zeros((blocks, f), dtype=torch.bool)  # some input message of the task has data
         for value in dict.fromkeys(k.inputs):
             flow = self.flows[value]
             if flow.features == 0:  # an empty value (a cat's empty cache, say) sends no message
@@ -504,11 +560,17 @@ class _Clock:
             a = self.arrivals(value, k, blocks, b, fin, px, py, ("dense",))
             latest[value] = int(a.max())
             arr = torch.maximum(arr, a)
+            heard |= self._heard(flow, k, value, blocks, b)[:, fin]
         ops = ops_per_element(self.p, k)
         cost = _per_block(lambda n: task_cycles(ops, n, k.dtype, hw), sizes)
         cost_b = cost[:, None].expand(blocks, f)
+        idle = idle_tasks(k.op, heard, _sized(self.live(k.name, b), blocks, f))
+        if idle is not None:
+            cost_b = cost_b.masked_fill(idle, 0)
         pes_b = pe_local[None, :].expand(blocks, f)
         fin = fifo(pes_b.reshape(-1), arr.reshape(-1), cost_b.reshape(-1)).reshape(blocks, f)
+        if idle is not None:
+            fin = torch.where(idle, arr, fin)
         extra = 0
         if k.op in REDUCING_STATS and lanes > 1:
             extra = 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
@@ -517,7 +579,7 @@ class _Clock:
         flow = self._out_flow(k, done + ((east - px) * hw.hop_cycles)[None, :], b, wave)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(
-            0, pes_b.reshape(-1), torch.full((blocks * f,), hw.task_start_cycles, dtype=torch.int64)
+            0, pes_b.reshape(-1), (cost_b > 0).reshape(-1).to(torch.int64) * hw.task_start_cycles
         )
         kt = KernelTime(
             k.name,
@@ -739,6 +801,21 @@ def _chunks(wave: torch.Tensor, step: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _fits(live: torch.Tensor | None, flow: Flow) -> torch.Tensor | None:
+    """``live`` if it has a flag per message of ``flow``; None for an empty value (nothing to filter)."""
+    return _sized(live, flow.blocks, flow.features)
+
+
+def _sized(live: torch.Tensor | None, blocks: int, features: int) -> torch.Tensor | None:
+    return live if live is not None and tuple(live.shape) == (blocks, features) else None
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
 def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
     """``[rows, features]`` nonzero flags -> ``[blocks, features]``: whether any row of a block is nonzero."""
     blocks = -(-rows.shape[0] // b)
@@ -752,7 +829,8 @@ def simulate(
     activity: Mapping[str, torch.Tensor] | None = None,
     device: str | torch.device | None = None,
 ) -> Timeline:
-    """Time ``program`` (module docstring); ``activity[kernel]`` is ``[rows, in_features]`` bool.
+    """Time ``program`` (module docstring); ``activity[value]`` is ``[rows, features]`` bool, which
+    elements of a value (a program input or a kernel's result) are nonzero.
 
     ``device`` runs the clock's tensors there (CPU by default): every tensor it makes is made there,
     and the program's arrays and ``activity`` are moved there once. The timeline comes back on the
@@ -788,7 +866,9 @@ def _on_cpu(timeline: Timeline) -> Timeline:
         for kt in timeline.kernels
     ]
     flows = {
-        n: dataclasses.replace(f, wave=f.wave.cpu(), ready=f.ready.cpu(), _departs={}, _shared={})
+        n: dataclasses.replace(
+            f, wave=f.wave.cpu(), ready=f.ready.cpu(), live=to_device(f.live, cpu), _departs={}, _shared={}
+        )
         for n, f in timeline.flows.items()
     }
     return dataclasses.replace(timeline, kernels=kernels, flows=flows)

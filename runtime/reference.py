@@ -46,6 +46,7 @@ from .cost import (
     axpy_cycles,
     block_rows,
     features_of,
+    idle_tasks,
     load_cycles,
     ops_per_element,
     row_streaming,
@@ -83,6 +84,22 @@ class _Value:
 
     def __post_init__(self) -> None:
         self.bounds = lane_bounds(self.features, self.lanes).tolist()
+        # zeros filtered at the sender: what each message puts on its lane, from the PEs' own data
+        # (``Flow.sends``: 0 for an all-zero message; a lane's last message carries the block's end)
+        self.live = _live(self.tensor, self.block, len(self.wave), self.features)
+        self.sends = [
+            [w if self.live is None or self.live[q][f] else 0 for f in range(self.features)]
+            for q, w in enumerate(self.wave)
+        ]
+        self.ends = [hi - 1 for lo, hi in zip(self.bounds, self.bounds[1:]) if hi > lo]
+        if self.live is not None:
+            for row in self.sends:
+                for f in self.ends:
+                    row[f] = max(row[f], 1)
+
+    def last(self, f: int) -> int:
+        """The last feature of ``f``'s lane: its message carries the lane's end-of-block mark."""
+        return self.bounds[self.lane(f) + 1] - 1
 
     def lane(self, f: int) -> int:
         """The lane (mesh row) feature ``f`` travels on."""
@@ -94,6 +111,15 @@ class _Value:
             return range(len(self.wave))
         lo, hi = q * b, min((q + 1) * b, rows) - 1
         return range(lo // self.block, hi // self.block + 1)
+
+
+def _live(tensor: torch.Tensor, block: int, blocks: int, features: int) -> list[list[bool]] | None:
+    """``[block][feature]``: whether message ``(q, f)`` of a value holds a nonzero (None: an empty value)."""
+    if tensor.numel() == 0 or features == 0:
+        return None
+    flat = (tensor != 0).reshape(-1, features)
+    out = [flat[q * block : (q + 1) * block].any(dim=0).tolist() for q in range(blocks)]
+    return out if len(out) == blocks and all(len(row) == features for row in out) else None
 
 
 def _sizes(rows: int, b: int) -> list[int]:
@@ -141,7 +167,9 @@ class _Machine:
         self.values[v.name] = v
         ready = torch.tensor(v.ready, dtype=torch.int64).reshape(len(v.wave), v.features)
         wave = torch.tensor(v.wave, dtype=torch.int64)
-        self.flows[v.name] = Flow(v.name, dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready)
+        live = None if v.live is None else torch.tensor(v.live, dtype=torch.bool)
+        flow = Flow(v.name, dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, live)
+        self.flows[v.name] = flow
 
     def _head(self, v: _Value, reader: str, q: int, f: int, x: int, floor: int) -> int:
         """When the head of message ``(q, f)`` of ``v`` reaches column ``x`` on its lane row.
@@ -157,7 +185,7 @@ class _Machine:
         if times is None:
             start = max(v.ready[q][f], floor) if self.streaming else v.ready[q][f]
             # the sender puts one wavelet per cycle on its lane, even to a reader on its own PE
-            times = self.paths[key] = [self.links.book((e, row, "R"), start, v.wave[q])]
+            times = self.paths[key] = [self.links.book((e, row, "R"), start, v.sends[q][f])]
         index = (x + 1 if e < 0 else e + x) if self.streaming else x - e  # hops from the start
         while len(times) <= index:
             i = len(times) - 1
@@ -165,11 +193,17 @@ class _Machine:
                 link = (e - i, row, "W")
             else:
                 link = ((i - e if self.streaming and e >= 0 else e + i), row, "E")
-            times.append(self.links.book(link, times[-1], v.wave[q]) + self.hop)
+            times.append(self.links.book(link, times[-1], v.sends[q][f]) + self.hop)
         return times[index]
 
     def arrival(self, v: _Value, reader: str, q: int, f: int, x: int, y: int, floor: int) -> int:
-        """When message ``(q, f)`` of ``v`` has wholly arrived at PE ``(x, y)``."""
+        """When message ``(q, f)`` of ``v`` has wholly arrived at PE ``(x, y)``; for a message the sender
+        filtered (all zero), when the PE learns so: its lane's end-of-block mark, the last wavelet of the
+        lane's last message (or a lone control wavelet), reaches it."""
+        if not v.sends[q][f]:
+            last = v.last(f)
+            t = self._head(v, reader, q, last, x, floor) + v.sends[q][last]
+            return t + abs(y - v.lane(f)) * self.hop
         t = self._head(v, reader, q, f, x, floor)
         row = v.lane(f)
         if y != row:
@@ -181,9 +215,9 @@ class _Machine:
             while len(times) <= abs(y - row):
                 yy = row + step * (len(times) - 1)
                 link = (x, yy, "S" if step > 0 else "N")
-                times.append(self.links.book(link, times[-1], v.wave[q]) + self.hop)
+                times.append(self.links.book(link, times[-1], v.sends[q][f]) + self.hop)
             t = times[abs(y - row)]
-        return t + v.wave[q]
+        return t + v.sends[q][f]
 
     # -- kernels ------------------------------------------------------------------------------------
 
@@ -236,10 +270,16 @@ class _Machine:
         return out
 
     def _egress(
-        self, k: Kernel, ready: dict[tuple[int, int], tuple[int, int]], sizes: list[int], wave: list[int]
+        self,
+        k: Kernel,
+        ready: dict[tuple[int, int], tuple[int, int]],
+        sizes: list[int],
+        wave: list[int],
+        live: list[list[bool]] | None,
     ) -> list[list[int]]:
         """``ready[(q, f)] = (cycle, column)``: each result from its column east along its lane row to
-        the region's edge, first come first served; returns ``[block][feature]`` edge times."""
+        the region's edge, first come first served (an all-zero one is not sent: ``live``); returns
+        ``[block][feature]`` edge times."""
         f_all = features_of(k.shape)
         lanes = _lanes(k, f_all)
         bounds = lane_bounds(f_all, lanes).tolist()
@@ -247,8 +287,9 @@ class _Machine:
         edge = [[0] * f_all for _ in sizes]
         for (q, f), (t, x) in sorted(ready.items(), key=lambda kv: (kv[1][0], kv[0])):
             row = k.region.y + bisect.bisect_right(bounds, f) - 1
+            sends = wave[q] if live is None or live[q][f] else 0
             for c in range(x, east):
-                t = self.links.book((c, row, "E"), t, wave[q]) + self.hop
+                t = self.links.book((c, row, "E"), t, sends) + self.hop
             edge[q][f] = t
         return edge
 
@@ -283,6 +324,7 @@ class _Machine:
             rank = f - bounds[lane]
             place.append((r.x + rank % r.width, r.y + lane, lane * r.width + rank % r.width))
         arr = [[t0] * f_all for _ in sizes]
+        heard = [[False] * f_all for _ in sizes]  # some input message of the task holds data
         latest: dict[str, int] = {}
         rows = rows_of(k.shape)
         for name in dict.fromkeys(k.inputs):
@@ -300,20 +342,26 @@ class _Machine:
             for q in range(len(sizes)):
                 for f in range(f_all):
                     x, y, _ = place[f]
-                    a = max(got[(qs, src[f], x, y)] for qs in v.cover(q, b, rows, streams))
-                    arr[q][f] = max(arr[q][f], a)
+                    covered = v.cover(q, b, rows, streams)
+                    arr[q][f] = max(arr[q][f], max(got[(qs, src[f], x, y)] for qs in covered))
+                    heard[q][f] |= any(v.live is None or v.live[qs][src[f]] for qs in covered)
             latest[name] = max(max(row) for row in arr)
+        result = apply(self.p, k, inputs)
+        out_live = _live(result, b, len(sizes), f_all)
+        idle = idle_tasks(k.op, torch.tensor(heard), None if out_live is None else torch.tensor(out_live))
         ops = ops_per_element(self.p, k)
         cost = [task_cycles(ops, n, k.dtype, hw) for n in sizes]
         tasks = [
-            (arr[q][f], q * f_all + f, place[f][2], cost[q]) for q in range(len(sizes)) for f in range(f_all)
+            (arr[q][f], q * f_all + f, place[f][2], 0 if idle is not None and idle[q, f] else cost[q])
+            for q in range(len(sizes))
+            for f in range(f_all)
         ]
-        finish = _fifo(tasks)
+        finish = [t if c else a for (a, _, _, c), t in zip(tasks, _fifo(tasks))]  # a task left out: none
         busy = torch.zeros(r.pes, dtype=torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64)
         for _, _, pe, c in tasks:
             busy[pe] += c
-            overhead[pe] += hw.task_start_cycles
+            overhead[pe] += hw.task_start_cycles if c else 0
         extra = 0
         if k.op in REDUCING_STATS and lanes > 1:  # the statistics' all-reduce across the lanes
             extra = 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
@@ -323,7 +371,7 @@ class _Machine:
             barrier = max(fins) + extra if extra else None
             for f in range(f_all):
                 ready[(q, f)] = (barrier if barrier is not None else fins[f], place[f][0])
-        edge = self._egress(k, ready, sizes, wave)
+        edge = self._egress(k, ready, sizes, wave, out_live)
         start = min(min(row) for row in arr) if arr else t0
         kt = KernelTime(
             k.name,
@@ -336,7 +384,7 @@ class _Machine:
             messages=len(sizes) * f_all,
             waits_on=self._waits(latest, t0),
         )
-        return kt, self._value(k, b, wave, edge, apply(self.p, k, inputs))
+        return kt, self._value(k, b, wave, edge, result)
 
     def _sparse(self, k: Kernel, t0: int, inputs: list[torch.Tensor]) -> tuple[KernelTime, _Value]:
         hw, r = self.hw, k.region
@@ -410,14 +458,15 @@ class _Machine:
         for pe in range(r.pes):  # a PE finishes its blocks in order
             for q in range(1, blocks):
                 done[pe][q] = max(done[pe][q], done[pe][q - 1])
-        ready, bus = self._reduce(k, s, done, wave)
+        ran = {q for _, q, _ in where_task}  # a block no task ran in has only zero partial sums: none is sent
+        ready, bus = self._reduce(k, s, done, [w if q in ran else 0 for q, w in enumerate(wave)])
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
             last = {
                 q: max((t for (qq, _), (t, _) in ready.items() if qq == q), default=t0) for q in range(blocks)
             }
             east = r.x + r.width - 1
             ready = {(q, f): (last[q], east) for q in range(blocks) for f in range(features_of(k.shape))}
-        edge = self._egress(k, ready, sizes, wave)
+        edge = self._egress(k, ready, sizes, wave, _live(result, b, blocks, features_of(k.shape)))
         arrived = [t for t, *_ in tasks]
         latest = {v.name: max(got.values())} if got else {}
         kt = KernelTime(

@@ -2,8 +2,9 @@
 
 The values come from the PEs' own data (``runtime/evaluate.py``: every sparse matmul from its per-PE
 CSC slices, partial sums added across PEs); the cycles come from the clock (``runtime/fast.py``)
-under the cost rules of ``runtime/cost.py``, with the sparse matmuls' zero input vectors filtered as
-the evaluation finds them. The dense baseline (``runtime/baseline.py``) runs through the same clock::
+under the cost rules of ``runtime/cost.py``. Zeros are filtered at the sender: a message (one feature
+of one block of rows) whose values the evaluation finds all zero is not sent. The dense baseline
+(``runtime/baseline.py``) runs through the same clock, with the same zeros filtered::
 
     >>> import sparsefx
     >>> torch.manual_seed(0) and None
@@ -19,6 +20,7 @@ the evaluation finds them. The dense baseline (``runtime/baseline.py``) runs thr
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -48,20 +50,29 @@ class RunResult:
 
 
 class _Activity:
-    """Which input values of each sparse matmul are nonzero: ``[rows, in_features]`` bool."""
+    """Which elements of every value are nonzero, ``[rows, features]`` bool: the clock's senders filter
+    the messages that are all zero (``runtime/timeline.py``, ``Flow.live``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, program: DataflowProgram) -> None:
         self.seen: dict[str, torch.Tensor] = {}
         self.nonfinite: list[str] = []  # sparse matmuls that read NaN or inf
+        self.inputs = {s.name for s in program.inputs}
 
     def __call__(self, k: Kernel, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
-        if k.op != "sparse_matmul":
-            return
-        if not bool(torch.isfinite(inputs[0]).all()):
+        for name, value in zip(k.inputs, inputs):
+            if name in self.inputs and name not in self.seen:
+                self.seen[name] = _nonzero(value)
+        self.seen[k.name] = _nonzero(result)
+        if k.op == "sparse_matmul" and not bool(torch.isfinite(inputs[0]).all()):
             self.nonfinite.append(k.name)
-        if k.attrs.get("kind") not in ("linear", "addmm", "matmul"):
-            return
-        self.seen[k.name] = inputs[0].reshape(-1, int(k.attrs["in_features"])) != 0  # where it was computed
+
+
+def _nonzero(value: torch.Tensor) -> torch.Tensor:
+    """``[rows, features]``: where ``value`` is nonzero, on the CPU (a scalar is one row of one feature)."""
+    flags = (value != 0).cpu()
+    if flags.dim() == 0:
+        return flags.reshape(1, 1)
+    return flags.reshape(math.prod(flags.shape[:-1]), flags.shape[-1])
 
 
 def run(
@@ -76,7 +87,7 @@ def run(
     if executor not in EXECUTORS:
         raise EmulationError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
     device = _device(device)
-    activity = _Activity()
+    activity = _Activity(program)
     if executor == "reference":
         outputs, timeline = execute(program, inputs, device)
         evaluate(program, inputs, None, listener=activity)  # the activity the dense baseline sees

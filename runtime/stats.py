@@ -27,7 +27,7 @@ from .layout import weight_bytes as weight_bytes_of
 from .memo import kept_for
 from .memory import sram_needed
 from .program import DataflowProgram, Kernel
-from .timeline import KernelTime, Timeline
+from .timeline import Flow, KernelTime, Timeline
 
 __all__ = [
     "KernelStats",
@@ -131,6 +131,8 @@ class RunStats:
     axpys: int
     sram_max: int  # memory.sram_needed: SRAM the busiest PE needs (its data + its rows in flight)
     busy_cycles: int = 0  # every PE's cycles of task work, summed
+    wavelets_filtered: int = 0  # wavelets the senders did not send: all-zero messages (``Flow.live``)
+    link_hops_filtered: int = 0  # the link hops (wavelets x links) those would have taken along the lanes
     dense: Comparison | None = None
     dense_unavailable: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -218,21 +220,29 @@ def _parts(path: list[KernelTime], cycles: int) -> dict[str, int]:
     return parts
 
 
-def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list[tuple[int, int, str, int]]]:
-    """Wavelets sent, link hops and the hottest links, from value flows and column reductions."""
+def _per_lane(flow: Flow, wavelets: torch.Tensor) -> torch.Tensor:
+    """``[lanes]``: ``wavelets`` (``[blocks, features]``) summed over each lane's messages."""
+    return torch.zeros(flow.lanes, dtype=torch.int64).index_add_(0, flow.lane, wavelets.sum(0))
+
+
+def _links(program: DataflowProgram, timeline: Timeline) -> _Traffic:
+    """Wavelets sent, link hops and the hottest links, from value flows and column reductions; and
+    the wavelets the senders filtered (all-zero messages) with the link hops they would have taken."""
     planes = torch.zeros((4, program.mesh.width, program.mesh.height), dtype=torch.int64)  # E, W, S, N
-    sent = 0
+    sent = filtered = saved = 0
     for kt in timeline.kernels:
         k = program.kernel(kt.name)
         for value in dict.fromkeys(k.inputs):
             flow = timeline.flows[value]
-            per_message = int(flow.wave.sum())
-            lanes = flow.bounds.diff() * per_message  # wavelets per lane
+            lanes = _per_lane(flow, flow.sends)  # wavelets per lane
+            kept = _per_lane(flow, flow.filtered)
             sent += int(lanes.sum())
+            filtered += int(kept.sum())
             a = max(flow.east + 1, 0) if program.mode == "pipelined" else 0
             b = k.region.x + k.region.width - 1
             if b > a:
                 planes[0, a:b, : flow.lanes] += lanes[None, :]
+                saved += int(kept.sum()) * (b - a)
         if kt.bus is not None:
             south, north = kt.bus
             r = k.region
@@ -250,7 +260,16 @@ def _links(program: DataflowProgram, timeline: Timeline) -> tuple[int, int, list
             y, rest = divmod(i, program.mesh.width * 4)
             x, d = divmod(rest, 4)
             hottest.append((x, y, names[d], value))
-    return sent, hops, hottest
+    return _Traffic(sent, hops, hottest, filtered, saved)
+
+
+@dataclass
+class _Traffic:
+    sent: int
+    hops: int
+    hottest: list[tuple[int, int, str, int]]
+    filtered: int
+    saved: int
 
 
 def _sram_max(program: DataflowProgram, k: Kernel) -> int:
@@ -322,7 +341,7 @@ def collect(
             )
         )
     interval = steady_interval(program, timeline)
-    sent, hops, hottest = _links(program, timeline) if mesh_detail else (0, 0, [])
+    traffic = _links(program, timeline) if mesh_detail else _Traffic(0, 0, [], 0, 0)
     return RunStats(
         executor=executor,
         mode=program.mode,
@@ -334,9 +353,11 @@ def collect(
         critical_path=[kt.name for kt in path],
         parts=_parts(path, timeline.cycles),
         pe_busy=busy,
-        wavelets=sent,
-        link_hops=hops,
-        hottest_links=hottest,
+        wavelets=traffic.sent,
+        link_hops=traffic.hops,
+        hottest_links=traffic.hottest,
+        wavelets_filtered=traffic.filtered,
+        link_hops_filtered=traffic.saved,
         weight_bytes=weight_bytes,
         skipped_messages=sum(kt.skipped for kt in timeline.kernels),
         skipped_axpys=sum(kt.skipped_axpys for kt in timeline.kernels),

@@ -36,6 +36,12 @@ class Flow:
 
     ``ready[q, f]`` is when message ``(q, f)`` can leave the producer's edge column; a lane sends its
     messages first come first served (``depart``), one wavelet per cycle.
+
+    **Zeros are filtered at the sender.** ``live[q, f]`` says whether message ``(q, f)`` holds a nonzero
+    value (None: every one does). A message whose values are all zero is not sent: no wavelets, no
+    link time. Each lane ends each block with an end-of-block mark so that a reader knows the block is
+    complete: the control bit of the lane's last message, or, when that message is filtered, one control
+    wavelet of its own (``sends``).
     """
 
     value: str
@@ -47,6 +53,7 @@ class Flow:
     wave: torch.Tensor  # [blocks] wavelets per message
     east: int  # the column messages leave from (-1: the host, west of column 0)
     ready: torch.Tensor  # [blocks, features]
+    live: torch.Tensor | None = None  # [blocks, features] bool: which messages hold a nonzero
     _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
 
@@ -60,6 +67,43 @@ class Flow:
         """``lane_bounds`` of the value's features."""
         return lane_bounds(self.features, self.lanes)
 
+    @property
+    def lane(self) -> torch.Tensor:
+        """``[features]``: the lane each feature travels on."""
+        if "lane" not in self._shared:
+            feats = torch.arange(self.features)
+            self._shared["lane"] = torch.searchsorted(self.bounds, feats, right=True) - 1
+        return self._shared["lane"]
+
+    @property
+    def last(self) -> torch.Tensor:
+        """``[features]``: the last feature of each feature's lane (the one that carries the block's end)."""
+        if "last" not in self._shared:
+            self._shared["last"] = self.bounds[1:][self.lane] - 1
+        return self._shared["last"]
+
+    @property
+    def sends(self) -> torch.Tensor:
+        """``[blocks, features]``: wavelets each message puts on its lane (0: filtered), the lone
+        end-of-block wavelet of a lane whose last message is filtered included."""
+        if "sends" not in self._shared:
+            full = self.wave[:, None].expand(-1, self.features)
+            if self.live is None:
+                out = full.clone()
+            else:
+                out = torch.where(self.live, full, 0)
+                ends = self.bounds[1:] - 1
+                ends = ends[ends >= self.bounds[:-1]]  # lanes with no feature send nothing
+                out[:, ends] = out[:, ends].clamp(min=1)
+            self._shared["sends"] = out
+        return self._shared["sends"]
+
+    @property
+    def filtered(self) -> torch.Tensor:
+        """``[blocks, features]``: wavelets the sender did not send because the message was all zero
+        (less the lone end-of-block wavelets that replaced some)."""
+        return self.wave[:, None] - self.sends
+
     def depart(self, t0: int = 0) -> torch.Tensor:
         """``[blocks, features]``: when each message's head leaves, sent no earlier than ``t0`` (a stored
         value that a streaming-mode kernel reads in its own step is sent again then)."""
@@ -67,9 +111,8 @@ class Flow:
             if self.waits(t0):
                 self._departs[t0] = self.waiting()[0] + t0
             else:
-                lane = torch.searchsorted(self.bounds, torch.arange(self.features), right=True) - 1
-                pe = lane[None, :].expand(self.blocks, -1).reshape(-1)
-                wave = self.wave[:, None].expand(-1, self.features).reshape(-1)
+                pe = self.lane[None, :].expand(self.blocks, -1).reshape(-1)
+                wave = self.sends.reshape(-1)
                 finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
                 self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
         return self._departs[t0]
@@ -80,14 +123,15 @@ class Flow:
 
     def waiting(self) -> tuple[torch.Tensor, tuple]:
         """Departures, counted from the start, of messages all waiting at it (each lane sends its own in
-        order, block by block), and their ``_digest``; they depend on the wavelets and lanes alone, so
+        order, block by block), and their ``digest``; they depend on the wavelets and lanes alone, so
         a moved copy shares them."""
         if "start" not in self._shared:
-            bounds = self.bounds
-            lane = torch.searchsorted(bounds, torch.arange(self.features), right=True) - 1
-            sent_before = torch.cumsum(self.wave, 0) - self.wave  # per lane message, by earlier blocks
-            per_lane, rank = bounds.diff()[lane], torch.arange(self.features) - bounds[lane]
-            start = sent_before[:, None] * per_lane[None, :] + self.wave[:, None] * rank[None, :]
+            sends, lane, first = self.sends, self.lane, self.bounds[:-1]
+            within = torch.cumsum(sends, 1) - sends  # sent before it in its block, every lane
+            within = within - within[:, first[lane]]  # ... in its own lane
+            per_lane = torch.zeros((self.blocks, self.lanes), dtype=torch.int64).index_add_(1, lane, sends)
+            before = torch.cumsum(per_lane, 0) - per_lane  # the lane's earlier blocks
+            start = before[:, lane] + within
             self._shared.update(start=start, digest=digest(start))
         return self._shared["start"], self._shared["digest"]
 
@@ -99,7 +143,7 @@ class Flow:
             return int(self.ready.max()) if self.ready.numel() else 0
         first = int(self.ready.min())
         if "done" not in self._shared:
-            self._shared["done"] = int((self.depart() + self.wave[:, None]).max()) - first
+            self._shared["done"] = int((self.depart() + self.sends).max()) - first
         return self._shared["done"] + first
 
 

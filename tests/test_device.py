@@ -98,7 +98,7 @@ def test_the_clock_makes_its_tensors_on_the_device(programs, monkeypatch) -> Non
     monkeypatch.setattr(fast, "REUSE", False)  # every kernel timed afresh, none taken from earlier runs
     program = programs["gpt-tiny", "streaming"]
     x = random_inputs(program, seed=4)
-    seen = _Activity()
+    seen = _Activity(program)
     evaluate(program, x, None, listener=seen)
     want = simulate(program, seen.seen)
     with SecondDevice() as side:
