@@ -19,12 +19,12 @@ from collections.abc import Mapping
 
 import torch
 
-from .program import DataflowProgram, Kernel, Region
+from .program import Kernel, ProgramData, Region
 
 __all__ = ["dense_program", "dense_activity", "unavailable"]
 
 
-def unavailable(program: DataflowProgram) -> str | None:
+def unavailable(program: ProgramData) -> str | None:
     """Why the program has no dense baseline, or None when it has one."""
     why = program.meta.get("dense_unavailable")
     if why:
@@ -69,7 +69,7 @@ def _passes(k: Kernel, n: int) -> list[Kernel]:
     return pieces + [cat]
 
 
-def dense_program(program: DataflowProgram) -> DataflowProgram | None:
+def dense_program(program: ProgramData) -> ProgramData | None:
     """The dense baseline of ``program`` (module docstring), or None if it has no dense plan."""
     if unavailable(program) is not None:
         return None
@@ -87,7 +87,7 @@ def dense_program(program: DataflowProgram) -> DataflowProgram | None:
     return out
 
 
-def dense_activity(activity: Mapping[str, torch.Tensor], program: DataflowProgram) -> dict[str, torch.Tensor]:
+def dense_activity(activity: Mapping[str, torch.Tensor], program: ProgramData) -> dict[str, torch.Tensor]:
     """The real program's zeros (``[rows, features]`` per value) under the dense program's names: a dense
     pass ``<name>.dense<i>`` computes a slice of ``<name>``'s features.
 

@@ -34,7 +34,7 @@ import torch
 
 from .memory import ROWS_IN_FLIGHT, itemsize
 from .mesh import HardwareSpec
-from .program import DataflowProgram, Kernel
+from .program import Kernel, ProgramData
 
 __all__ = [
     "idle_tasks",
@@ -130,7 +130,7 @@ def row_streaming_op(kernel: Kernel) -> bool:
     return kernel.op in ("elementwise", "layer_norm", "embedding")
 
 
-def row_streaming(program: DataflowProgram, kernel: Kernel, value: str) -> bool:
+def row_streaming(program: ProgramData, kernel: Kernel, value: str) -> bool:
     """Whether ``kernel`` can take input ``value`` block by block (same rows, a row-wise op)."""
     if not row_streaming_op(kernel):
         return False
@@ -140,7 +140,7 @@ def row_streaming(program: DataflowProgram, kernel: Kernel, value: str) -> bool:
     return rows_of(shape) == rows_of(kernel.shape)
 
 
-def ops_per_element(program: DataflowProgram, kernel: Kernel) -> int:
+def ops_per_element(program: ProgramData, kernel: Kernel) -> int:
     """SIMD operations per result element: ``ELEMENT_OPS``, a matmul's contraction, a pool's window."""
     ops = ELEMENT_OPS.get(kernel.op, 1)
     if kernel.op == "elementwise" and kernel.attrs.get("fn") in TRANSCENDENTAL:

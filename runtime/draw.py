@@ -27,12 +27,12 @@ from sparsefx.errors import ProgramWriteError
 
 from .csc import pe_nnz
 from .memory import pe_bytes
-from .program import DataflowProgram
+from .program import ProgramData
 
 __all__ = ["program_graph", "write_dot", "pe_grid", "draw_mesh", "draw_grid", "mesh_figure"]
 
 
-def program_graph(program: DataflowProgram) -> Any:
+def program_graph(program: ProgramData) -> Any:
     """Kernels and host ends as nodes; each value route's (producer, consumer) leg as an edge."""
     import networkx as nx
 
@@ -56,7 +56,7 @@ def _quote(text: str) -> str:
     return json.dumps(text).replace("\\\\n", "\\n")
 
 
-def write_dot(program: DataflowProgram, path: str | os.PathLike[str]) -> None:
+def write_dot(program: ProgramData, path: str | os.PathLike[str]) -> None:
     """Write ``program_graph`` as a Graphviz DOT file (render with ``dot -Tsvg``)."""
     g = program_graph(program)
     lines = ["digraph program {", "  rankdir=LR;", "  node [shape=box, fontname=monospace];"]
@@ -69,7 +69,7 @@ def write_dot(program: DataflowProgram, path: str | os.PathLike[str]) -> None:
     atomic_write(Path(path), lambda file: file.write(text), ProgramWriteError, "DOT file")
 
 
-def pe_grid(program: DataflowProgram, what: str = "nnz") -> torch.Tensor:
+def pe_grid(program: ProgramData, what: str = "nnz") -> torch.Tensor:
     """``[height, width]`` per-PE values: ``"nnz"`` (nonzeros held) or ``"sram"`` (bytes needed).
 
     In streaming mode kernels share PEs one at a time, so a PE shows its largest value over kernels.
@@ -90,7 +90,7 @@ def pe_grid(program: DataflowProgram, what: str = "nnz") -> torch.Tensor:
     return grid
 
 
-def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str = "nnz") -> None:
+def draw_mesh(program: ProgramData, path: str | os.PathLike[str], what: str = "nnz") -> None:
     """A PNG of the mesh: the per-PE heatmap with each kernel's region outlined and named."""
     label = "nonzeros per PE" if what == "nnz" else "SRAM bytes per PE"
     title = (
@@ -101,7 +101,7 @@ def draw_mesh(program: DataflowProgram, path: str | os.PathLike[str], what: str 
 
 
 def draw_grid(
-    program: DataflowProgram,
+    program: ProgramData,
     grid: torch.Tensor,
     path: str | os.PathLike[str],
     label: str,
@@ -122,7 +122,7 @@ def draw_grid(
 
 
 def mesh_figure(
-    program: DataflowProgram,
+    program: ProgramData,
     grid: torch.Tensor,
     label: str,
     title: str,

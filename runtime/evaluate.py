@@ -30,7 +30,7 @@ from sparsefx.errors import EmulationError
 
 from .call import KEY, check_constant, constant_at, is_constant
 from .outputs import rebuild_outputs
-from .program import DTYPES, DataflowProgram, Kernel, Stream
+from .program import DTYPES, Kernel, ProgramData, Stream
 from .semantics import apply
 
 __all__ = ["evaluate", "bind_inputs", "rebuild_outputs", "Listener"]
@@ -57,7 +57,7 @@ class _OnDevice(Mapping):
         return name in self._arrays
 
 
-def bind_inputs(program: DataflowProgram, inputs: Any) -> dict[str, torch.Tensor]:
+def bind_inputs(program: ProgramData, inputs: Any) -> dict[str, torch.Tensor]:
     """``{stream name: tensor}`` from a tensor, a tuple/list of positional args or a dict of kwargs.
 
     Positional args match the program's inputs in order, kwargs by name; ``None`` stands for an argument
@@ -137,7 +137,7 @@ Listener = Callable[[Kernel, list[torch.Tensor], torch.Tensor], None]
 
 
 def evaluate(
-    program: DataflowProgram,
+    program: ProgramData,
     inputs: Any,
     device: str | torch.device | None = None,
     listener: Listener | None = None,

@@ -39,7 +39,7 @@ from .cost import (
 )
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
-from .program import DataflowProgram, Kernel, lane_bounds
+from .program import Kernel, ProgramData, lane_bounds
 from .queues import CHUNK, fifo, queues
 from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline, digest
 
@@ -59,7 +59,7 @@ _NEVER = 1 << 62  # later than any cycle
 
 
 def _host_flow(
-    program: DataflowProgram, name: str, shape: tuple[int, ...], dtype: str, live: torch.Tensor | None
+    program: ProgramData, name: str, shape: tuple[int, ...], dtype: str, live: torch.Tensor | None
 ) -> Flow:
     hw = program.hardware
     f = features_of(shape)
@@ -100,7 +100,7 @@ def _lanes(kernel: Kernel, features: int) -> int:
 class _Clock:
     def __init__(
         self,
-        program: DataflowProgram,
+        program: ProgramData,
         activity: Mapping[str, torch.Tensor] | None,
         layouts: Mapping[str, Layout] | None = None,
         device: torch.device | None = None,
@@ -137,7 +137,7 @@ class _Clock:
             return kept_for(self.p, k, key, build)
         return kept_for(self.p, k, (*key, str(self.device)), lambda: to_device(build(), self.device))
 
-    def _on_host(self, fn: Callable[[DataflowProgram, Kernel], Any], k: Kernel) -> Any:
+    def _on_host(self, fn: Callable[[ProgramData, Kernel], Any], k: Kernel) -> Any:
         """``fn(program, k)`` where the program's arrays are (the CPU), whatever device the clock is on;
         ``_kept`` moves the result."""
         if self.device is None:
@@ -825,7 +825,7 @@ def _blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
 
 
 def simulate(
-    program: DataflowProgram,
+    program: ProgramData,
     activity: Mapping[str, torch.Tensor] | None = None,
     device: str | torch.device | None = None,
 ) -> Timeline:
@@ -874,7 +874,7 @@ def _on_cpu(timeline: Timeline) -> Timeline:
     return dataclasses.replace(timeline, kernels=kernels, flows=flows)
 
 
-def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = None) -> int:
+def time_alone(program: ProgramData, kernel: Kernel, known: Layout | None = None) -> int:
     """Cycles ``kernel`` takes alone: its inputs stream in back to back, in its own blocks, from west
     of its region. The lowering compares mappings (block sizes) with it; ``known`` is the kernel's
     layout when the caller has read it already."""
@@ -882,7 +882,7 @@ def time_alone(program: DataflowProgram, kernel: Kernel, known: Layout | None = 
 
 
 def kernel_alone(
-    program: DataflowProgram, kernel: Kernel, known: Layout | None = None, rows: int | None = None
+    program: ProgramData, kernel: Kernel, known: Layout | None = None, rows: int | None = None
 ) -> KernelTime:
     """``time_alone``'s whole timing: when the kernel ends, and each PE's busy cycles. ``rows`` times
     only the first rows of a row-wise kernel (its inputs' as many): the lowering's block search

@@ -8,8 +8,8 @@ arrays at all, so a dense GPT-2 costs nothing to describe. ``all_ones: true`` is
 limit), computed here from counts alone, equal to what ``place_balanced`` gives for ones::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-    >>> from sparsefx.runtime.program import DataflowProgram, Kernel, Region
-    >>> p = DataflowProgram(MeshSpec(4, 4), HardwareSpec(), "pipelined", "block")
+    >>> from sparsefx.runtime.program import ProgramData, Kernel, Region
+    >>> p = ProgramData(MeshSpec(4, 4), HardwareSpec(), "pipelined", "block")
     >>> k = Kernel("fc", "sparse_matmul", Region(0, 0, 2, 2), ("x",), (1, 6), "float32",
     ...            attrs={"kind": "linear", "in_features": 4, "out_features": 6, "all_ones": True})
     >>> s = layout(p, k)
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .memo import kept_for
-from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
+from .program import DTYPES, Kernel, ProgramData, lane_bounds
 from .sparse_eval import read_slices
 
 __all__ = ["Layout", "layout", "weight_bytes", "balanced_ones"]
@@ -45,7 +45,7 @@ class Layout:
     counts: torch.Tensor  # flat: PE 0's columns in order, then PE 1's ...
 
 
-def layout(program: DataflowProgram, k: Kernel) -> Layout:
+def layout(program: ProgramData, k: Kernel) -> Layout:
     """The layout of sparse matmul ``k``: from its arrays, or the dense geometry when ``all_ones``."""
     r = k.region
     in_f, out_f = int(k.attrs["in_features"]), int(k.attrs["out_features"])
@@ -126,7 +126,7 @@ def _row_cuts(
     return cut
 
 
-def weight_bytes(program: DataflowProgram, k: Kernel) -> int:
+def weight_bytes(program: ProgramData, k: Kernel) -> int:
     """Bytes a kernel loads from off-mesh memory in weight-streaming mode: all its arrays."""
     if not k.attrs.get("all_ones"):
         return sum(program.specs[a].nbytes for a in k.arrays.values())
@@ -134,7 +134,7 @@ def weight_bytes(program: DataflowProgram, k: Kernel) -> int:
     return kept_for(program, k, key, lambda: _dense_bytes(program, k))
 
 
-def _dense_bytes(program: DataflowProgram, k: Kernel) -> int:
+def _dense_bytes(program: ProgramData, k: Kernel) -> int:
     s = layout(program, k)
     pes = k.region.pes
     value = torch.empty((), dtype=DTYPES[k.dtype]).element_size()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 if TYPE_CHECKING:
-    from .program import DataflowProgram, Kernel
+    from .program import Kernel, ProgramData
 
 __all__ = ["kept", "kept_for", "GEOMETRY_BYTES"]
 
@@ -68,7 +68,7 @@ def kept(owner: torch.Tensor | None, key: Hashable, build: Callable[[], T]) -> T
     return results[key]
 
 
-def kept_for(program: DataflowProgram, k: Kernel, key: tuple, build: Callable[[], T]) -> T:
+def kept_for(program: ProgramData, k: Kernel, key: tuple, build: Callable[[], T]) -> T:
     """``kept`` for what a kernel's structure determines: a sparse matmul's results are owned by its
     ``values`` array and keyed by the identity and version of every array but its bias (another array
     swapped in is derived again); any other kernel's by its geometry (op, shape, region, mesh and the

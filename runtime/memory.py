@@ -11,7 +11,7 @@ and ``verify`` (against ``HardwareSpec.sram_bytes``) all use, labelled ``SRAM_LA
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
     >>> from sparsefx.runtime.program import Region, Stream
     >>> k = Kernel("r", "elementwise", Region(0, 0, 1, 2), ("x",), (4, 6), "float32", attrs={"lanes": 2})
-    >>> p = DataflowProgram(MeshSpec(2, 2), HardwareSpec(), "pipelined", "block", kernels=[k])
+    >>> p = ProgramData(MeshSpec(2, 2), HardwareSpec(), "pipelined", "block", kernels=[k])
     >>> p.inputs.append(Stream("x", (4, 6), "float32"))
     >>> pe_bytes(p, k).tolist()  # 2 rows x 3 features x 4 bytes x (1 input + 1 output)
     [48, 48]
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
+from .program import DTYPES, Kernel, ProgramData, lane_bounds
 
 __all__ = ["pe_bytes", "sram_needed", "SRAM_LABEL", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
 
@@ -54,7 +54,7 @@ def _per_pe_rows(widths: torch.Tensor, kernel: Kernel) -> torch.Tensor:
     return widths.repeat_interleave(kernel.region.width)
 
 
-def _streaming_buffers(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     """Rows in flight of every operand and of the result, at each PE's lane width."""
     rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
     total = torch.zeros(kernel.region.pes, dtype=torch.int64)
@@ -67,7 +67,7 @@ def _streaming_buffers(program: DataflowProgram, kernel: Kernel) -> torch.Tensor
     return total
 
 
-def _resident(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+def _resident(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     """Arrays a kernel keeps whole, spread evenly over its PEs (tables, weights, constants)."""
     total = sum(program.specs[name].nbytes for name in kernel.arrays.values())
     n = kernel.region.pes
@@ -76,7 +76,7 @@ def _resident(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
     return share
 
 
-def _sparse(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     nz_ptr = program.array(kernel, "nz_ptr").to(torch.int64)
     nnz = nz_ptr[1:] - nz_ptr[:-1]
     width = kernel.region.width
@@ -98,14 +98,14 @@ def _sparse(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
     return total
 
 
-def pe_bytes(program: DataflowProgram, kernel: Kernel) -> torch.Tensor:
+def pe_bytes(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     """``[region.pes]`` bytes of SRAM each of ``kernel``'s PEs needs (row-major in its region)."""
     if kernel.op == "sparse_matmul":
         return _sparse(program, kernel)
     return _resident(program, kernel) + _streaming_buffers(program, kernel)
 
 
-def sram_needed(program: DataflowProgram, kernel: Kernel) -> int:
+def sram_needed(program: ProgramData, kernel: Kernel) -> int:
     """Bytes of SRAM the busiest of ``kernel``'s PEs needs at its rows in flight (``pe_bytes``'s max);
     0 for a kernel without PEs or without arrays (an all-ones matmul)."""
     if not kernel.region.pes or kernel.attrs.get("all_ones"):

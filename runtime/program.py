@@ -51,7 +51,6 @@ __all__ = [
     "Route",
     "Kernel",
     "ProgramData",
-    "DataflowProgram",
     "lane_bounds",
 ]
 
@@ -271,7 +270,3 @@ class ProgramData:
         colors = {r.color for r in self.routes} | {t.color for k in self.kernels for t in k.tasks}
         return len(colors)
 
-
-DataflowProgram = ProgramData
-"""The data class under the name the executors and passes annotate with (they take any program's data).
-To build a program that can verify, print and save itself, use ``runtime.dataflow.DataflowProgram``."""

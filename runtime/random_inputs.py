@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from .program import DTYPES, DataflowProgram, Kernel
+from .program import DTYPES, Kernel, ProgramData
 
 __all__ = ["random_inputs", "id_bounds", "SAFE_ID_BOUND"]
 
@@ -29,7 +29,7 @@ SAFE_ID_BOUND = 2
 """Integer inputs that index no embedding draw from ``[0, SAFE_ID_BOUND)``."""
 
 
-def _table_rows(k: Kernel, program: DataflowProgram) -> int | None:
+def _table_rows(k: Kernel, program: ProgramData) -> int | None:
     """Rows of an embedding kernel's table: its recorded shape, else its size over the row width."""
     shape = k.attrs.get("shapes", {}).get("table")
     if shape:
@@ -40,7 +40,7 @@ def _table_rows(k: Kernel, program: DataflowProgram) -> int | None:
     return math.prod(spec.shape) // int(k.shape[-1])
 
 
-def id_bounds(program: DataflowProgram) -> dict[str, int]:
+def id_bounds(program: ProgramData) -> dict[str, int]:
     """``{input name: rows}`` for each input that reaches an embedding's ids: the smallest table's rows."""
     readers: dict[str, list[Kernel]] = {}
     for k in program.kernels:
@@ -66,7 +66,7 @@ def id_bounds(program: DataflowProgram) -> dict[str, int]:
     return bounds
 
 
-def random_inputs(program: DataflowProgram, seed: int = 0) -> dict[str, torch.Tensor]:
+def random_inputs(program: ProgramData, seed: int = 0) -> dict[str, torch.Tensor]:
     """``{input name: tensor}`` of the program's input shapes and dtypes, drawn with ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     bounds = id_bounds(program)

@@ -57,7 +57,7 @@ from .cost import (
 from .evaluate import bind_inputs, rebuild_outputs
 from .layout import layout, weight_bytes
 from .links import Links
-from .program import DTYPES, DataflowProgram, Kernel, lane_bounds
+from .program import DTYPES, Kernel, ProgramData, lane_bounds
 from .semantics import apply
 from .sparse_eval import Slices, sparse_matmul
 from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
@@ -140,7 +140,7 @@ def _fifo(tasks: list[tuple[int, int, int, int]]) -> list[int]:
 
 
 class _Machine:
-    def __init__(self, program: DataflowProgram, inputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, program: ProgramData, inputs: dict[str, torch.Tensor]) -> None:
         self.p = program
         self.hw = program.hardware
         self.hop = self.hw.hop_cycles
@@ -589,7 +589,7 @@ def _pe_product(s: Slices, x: torch.Tensor) -> torch.Tensor:
 
 
 def execute(
-    program: DataflowProgram, inputs: Any, device: torch.device | None = None
+    program: ProgramData, inputs: Any, device: torch.device | None = None
 ) -> tuple[Any, Timeline]:
     """Run ``program`` on ``inputs`` message by message: the outputs (the model's structure, their
     tensors moved to ``device`` when given) and the ``Timeline`` (module docstring). It runs on the CPU.

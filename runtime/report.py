@@ -29,7 +29,7 @@ from sparsefx.atomic import atomic_write
 from sparsefx.errors import ProgramWriteError
 
 from .memory import SRAM_LABEL
-from .program import DataflowProgram
+from .program import ProgramData
 from .stats import PARTS, RunStats
 
 __all__ = [
@@ -265,7 +265,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def report_data(stats: RunStats, program: DataflowProgram | None = None) -> dict[str, Any]:
+def report_data(stats: RunStats, program: ProgramData | None = None) -> dict[str, Any]:
     """``stats.to_json()`` with the program's model name, mesh, mode and placement, as strict JSON data."""
     data: dict[str, Any] = {}
     if program is not None:
@@ -285,7 +285,7 @@ def write_json(data: Any, path: str | os.PathLike[str]) -> None:
     atomic_write(Path(path), lambda file: file.write(text), ProgramWriteError, "JSON report")
 
 
-def write_heatmap(program: DataflowProgram, stats: RunStats, path: str | os.PathLike[str]) -> None:
+def write_heatmap(program: ProgramData, stats: RunStats, path: str | os.PathLike[str]) -> None:
     """A PNG of each PE's busy cycles over the mesh, every kernel's region outlined and labelled with its
     name and its busiest PE's cycles, the busiest three named in the title (needs matplotlib)."""
     from .draw import draw_grid
@@ -294,7 +294,7 @@ def write_heatmap(program: DataflowProgram, stats: RunStats, path: str | os.Path
     draw_grid(program, stats.pe_busy, path, "busy cycles per PE", heatmap_title(program, stats), notes)
 
 
-def heatmap_title(program: DataflowProgram, stats: RunStats) -> str:
+def heatmap_title(program: ProgramData, stats: RunStats) -> str:
     """The heatmap's title: the run, and the three kernels whose busiest PE worked longest."""
     hottest = sorted(stats.kernels, key=lambda k: -k.busy_max)[:3]
     return (

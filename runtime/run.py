@@ -32,7 +32,7 @@ from sparsefx.errors import EmulationError
 from .baseline import dense_activity, dense_program, unavailable
 from .evaluate import evaluate
 from .fast import simulate
-from .program import DataflowProgram, Kernel
+from .program import Kernel, ProgramData
 from .reference import execute
 from .stats import RunStats, collect, compare
 
@@ -53,7 +53,7 @@ class _Activity:
     """Which elements of every value are nonzero, ``[rows, features]`` bool: the clock's senders filter
     the messages that are all zero (``runtime/timeline.py``, ``Flow.live``)."""
 
-    def __init__(self, program: DataflowProgram) -> None:
+    def __init__(self, program: ProgramData) -> None:
         self.seen: dict[str, torch.Tensor] = {}
         self.nonfinite: list[str] = []  # sparse matmuls that read NaN or inf
         self.inputs = {s.name for s in program.inputs}
@@ -76,7 +76,7 @@ def _nonzero(value: torch.Tensor) -> torch.Tensor:
 
 
 def run(
-    program: DataflowProgram,
+    program: ProgramData,
     inputs: Any,
     executor: str = "fast",
     device: str | torch.device | None = None,

@@ -8,8 +8,8 @@ dtype. Attributes and arrays are checked as they are read: an unknown ``fn`` or 
 or wrongly sized array, or an op torch rejects is an ``EmulationError`` naming the kernel::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-    >>> from sparsefx.runtime.program import DataflowProgram, Kernel, Region
-    >>> p = DataflowProgram(MeshSpec(4, 4), HardwareSpec(), "pipelined", "block")
+    >>> from sparsefx.runtime.program import ProgramData, Kernel, Region
+    >>> p = ProgramData(MeshSpec(4, 4), HardwareSpec(), "pipelined", "block")
     >>> k = Kernel("y", "elementwise", Region(0, 0, 1, 4), ("x",), (2,), "float32",
     ...            attrs={"fn": "mul", "args": [{"in": 0}, {"scalar": 3.0}], "kwargs": {}})
     >>> apply(p, k, [torch.tensor([1.0, -2.0])]).tolist()
@@ -33,12 +33,12 @@ import torch.nn.functional as F
 from sparsefx.errors import EmulationError
 
 from .elementwise import CASTS, call, keywords, operands
-from .program import DTYPES, DataflowProgram, Kernel
+from .program import DTYPES, Kernel, ProgramData
 from .sparse_eval import sparse_matmul
 
 __all__ = ["RULES", "Rule", "apply", "array"]
 
-Rule = Callable[[DataflowProgram, Kernel, list[torch.Tensor]], torch.Tensor]
+Rule = Callable[[ProgramData, Kernel, list[torch.Tensor]], torch.Tensor]
 RULES: dict[str, Rule] = {}
 """Op kind (``runtime.program.OPS``) -> its rule."""
 
@@ -83,7 +83,7 @@ def _ints(k: Kernel, key: str, default: Any = ...) -> list[int]:
     return list(values)
 
 
-def array(program: DataflowProgram, k: Kernel, role: str, numel: int | None = None) -> torch.Tensor:
+def array(program: ProgramData, k: Kernel, role: str, numel: int | None = None) -> torch.Tensor:
     """Payload ``role`` of kernel ``k``, in its recorded shape, checked to hold ``numel`` elements."""
     name = k.arrays.get(role)
     if name is None:
@@ -110,7 +110,7 @@ def _count(k: Kernel, inputs: list[torch.Tensor], n: int) -> None:
 
 
 @_rule("elementwise")
-def _elementwise(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _elementwise(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     fn = _attr(k, "fn", str)
     where = _where(k)
     if fn == "batch_norm":
@@ -128,7 +128,7 @@ def _elementwise(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]
     return call(fn, args, kwargs, where)
 
 
-def _batch_norm(program: DataflowProgram, k: Kernel, x: torch.Tensor) -> torch.Tensor:
+def _batch_norm(program: ProgramData, k: Kernel, x: torch.Tensor) -> torch.Tensor:
     if x.dim() < 2:
         raise EmulationError(f"{_where(k)}: batch norm of input {k.inputs[0]!r} of shape {list(x.shape)}")
     c = x.shape[1]
@@ -157,7 +157,7 @@ def _index_item(k: Kernel, item: Any) -> Any:
 
 
 @_rule("layout")
-def _layout(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _layout(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     fn = _attr(k, "fn", str)
     if fn in ("cat", "stack"):
         if not inputs:
@@ -195,7 +195,7 @@ def _layout(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> 
     raise EmulationError(f"{_where(k)}: layout fn {fn!r} is unknown")
 
 
-def _index_array(program: DataflowProgram, k: Kernel, role: str, device: torch.device) -> torch.Tensor:
+def _index_array(program: ProgramData, k: Kernel, role: str, device: torch.device) -> torch.Tensor:
     idx = array(program, k, role)
     if idx.dtype != torch.bool and idx.is_floating_point():
         raise EmulationError(f"{_where(k)}: index array {k.arrays[role]!r} has dtype {idx.dtype}")
@@ -206,7 +206,7 @@ def _index_array(program: DataflowProgram, k: Kernel, role: str, device: torch.d
 
 
 @_rule("reduce")
-def _reduce(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _reduce(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     fn = _attr(k, "fn", str)
     functions = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "max_reduce": torch.amax}
@@ -216,7 +216,7 @@ def _reduce(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> 
 
 
 @_rule("pool")
-def _pool(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _pool(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     fn, x = _attr(k, "fn", str), inputs[0]
     if fn == "adaptive_avg":  # one output size pools the last dim ([N, C, L]), two the last two
@@ -233,7 +233,7 @@ def _pool(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> to
 
 
 @_rule("softmax")
-def _softmax(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _softmax(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     log, dim = bool(_attr(k, "log", bool, False)), _attr(k, "dim", int)
     out = (torch.log_softmax if log else torch.softmax)(inputs[0], dim)
@@ -243,7 +243,7 @@ def _softmax(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) ->
 
 
 @_rule("layer_norm")
-def _layer_norm(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _layer_norm(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     shape = _ints(k, "normalized_shape")
     n = math.prod(shape)
@@ -256,7 +256,7 @@ def _layer_norm(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor])
 
 
 @_rule("embedding")
-def _embedding(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _embedding(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     table, ids = array(program, k, "table"), inputs[0]
     if table.dim() != 2:
@@ -274,7 +274,7 @@ def _embedding(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) 
 
 
 @_rule("constant")
-def _constant(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _constant(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 0)
     return array(program, k, "value", math.prod(k.shape)).reshape(k.shape)
 
@@ -283,7 +283,7 @@ def _constant(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -
 
 
 @_rule("matmul")
-def _matmul(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _matmul(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     has_bias = bool(_attr(k, "bias", bool, False))
     _count(k, inputs, 3 if has_bias else 2)
     a, b = inputs[0], inputs[1]
@@ -296,7 +296,7 @@ def _matmul(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> 
 
 
 @_rule("sparse_matmul")
-def _sparse_matmul(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def _sparse_matmul(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     missing = [name for name in k.arrays.values() if name not in program.arrays]
     if missing:
@@ -306,7 +306,7 @@ def _sparse_matmul(program: DataflowProgram, k: Kernel, inputs: list[torch.Tenso
     return sparse_matmul(arrays, k.attrs, region, inputs[0], k.shape, _where(k))
 
 
-def apply(program: DataflowProgram, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+def apply(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     """Kernel ``k``'s result from its ``inputs``: its rule's, checked for shape, cast to ``k.dtype``."""
     rule = RULES.get(k.op)
     if rule is None:

@@ -26,7 +26,7 @@ import torch
 from .layout import weight_bytes as weight_bytes_of
 from .memo import kept_for
 from .memory import sram_needed
-from .program import DataflowProgram, Kernel
+from .program import Kernel, ProgramData
 from .timeline import Flow, KernelTime, Timeline
 
 __all__ = [
@@ -175,7 +175,7 @@ class RunStats:
         return out
 
 
-def _critical(program: DataflowProgram, timeline: Timeline) -> list[KernelTime]:
+def _critical(program: ProgramData, timeline: Timeline) -> list[KernelTime]:
     by_name = {kt.name: kt for kt in timeline.kernels}
     index = {kt.name: i for i, kt in enumerate(timeline.kernels)}
     if timeline.output_done:
@@ -225,7 +225,7 @@ def _per_lane(flow: Flow, wavelets: torch.Tensor) -> torch.Tensor:
     return torch.zeros(flow.lanes, dtype=torch.int64).index_add_(0, flow.lane, wavelets.sum(0))
 
 
-def _links(program: DataflowProgram, timeline: Timeline) -> _Traffic:
+def _links(program: ProgramData, timeline: Timeline) -> _Traffic:
     """Wavelets sent, link hops and the hottest links, from value flows and column reductions; and
     the wavelets the senders filtered (all-zero messages) with the link hops they would have taken."""
     planes = torch.zeros((4, program.mesh.width, program.mesh.height), dtype=torch.int64)  # E, W, S, N
@@ -272,7 +272,7 @@ class _Traffic:
     saved: int
 
 
-def _sram_max(program: DataflowProgram, k: Kernel) -> int:
+def _sram_max(program: ProgramData, k: Kernel) -> int:
     """``memory.sram_needed`` (the busiest PE's SRAM bytes), once per kernel structure (``memo.kept_for``)."""
     arrays = tuple((role, tuple(program.arrays[n].shape)) for role, n in sorted(k.arrays.items()))
     key = ("sram_max", repr(sorted(k.attrs.items())), repr(program.hardware), arrays)
@@ -293,7 +293,7 @@ def _top(rows: torch.Tensor, n: int) -> list[tuple[int, int]]:
 
 
 def collect(
-    program: DataflowProgram, timeline: Timeline, executor: str, mesh_detail: bool = True
+    program: ProgramData, timeline: Timeline, executor: str, mesh_detail: bool = True
 ) -> RunStats:
     """``RunStats`` of one timed run (module docstring). Without ``mesh_detail`` (the dense baseline,
     which ``compare`` reads for its cycles, parts and intervals) the per-PE busy grid, SRAM and link
@@ -372,7 +372,7 @@ def _weights(k: Kernel) -> int:
     return int(k.stats.get("dense", 0)) // max(int(k.attrs.get("groups", 1)), 1)
 
 
-def _sparsity(program: DataflowProgram) -> float:
+def _sparsity(program: ProgramData) -> float:
     nnz = sum(int(k.stats.get("nnz", 0)) for k in program.kernels if k.op == "sparse_matmul")
     dense = sum(_weights(k) for k in program.kernels if k.op == "sparse_matmul")
     return 1.0 - nnz / dense if dense else 0.0
@@ -392,7 +392,7 @@ def _cycles(stats: RunStats, names: set[str]) -> int:
     return sum(k.cycles for k in stats.kernels if k.name.rsplit(".dense", 1)[0] in names)
 
 
-def flop_ratio(program: DataflowProgram) -> float:
+def flop_ratio(program: ProgramData) -> float:
     """Dense over sparse forward FLOPs of the program's matmul kernels: the whole model's ideal speedup.
 
     A sparse matmul costs ``stats["flops"]`` (``2 * nnz * rows``, or count-flops' figure) and, dense,
@@ -414,7 +414,7 @@ def flop_ratio(program: DataflowProgram) -> float:
     return dense / sparse
 
 
-def steady_interval(program: DataflowProgram, timeline: Timeline) -> int:
+def steady_interval(program: ProgramData, timeline: Timeline) -> int:
     """Cycles between successive inputs in steady state: pipelined, the busiest PE of any kernel;
     streaming, the whole run."""
     if program.mode != "pipelined":
@@ -422,7 +422,7 @@ def steady_interval(program: DataflowProgram, timeline: Timeline) -> int:
     return max([kt.busy_sums()[0] for kt in timeline.kernels if kt.busy.numel()] + [1])
 
 
-def compare(program: DataflowProgram, sparse: RunStats, dense: RunStats) -> Comparison:
+def compare(program: ProgramData, sparse: RunStats, dense: RunStats) -> Comparison:
     """The sparse run against the dense baseline's run (module docstring)."""
     s = _sparsity(program)
     keep = 1.0 - s
@@ -472,7 +472,7 @@ def compare(program: DataflowProgram, sparse: RunStats, dense: RunStats) -> Comp
 
 
 def _beyond(
-    program: DataflowProgram, realized: float, throughput: float, ratio: float, used: dict[str, float]
+    program: ProgramData, realized: float, throughput: float, ratio: float, used: dict[str, float]
 ) -> str:
     """Why the whole model's speedup exceeds its FLOP ratio, or "" when it does not.
 

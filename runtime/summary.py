@@ -16,12 +16,12 @@ import math
 from typing import Any
 
 from .memory import SRAM_LABEL, itemsize, sram_needed
-from .program import DataflowProgram
+from .program import ProgramData
 
 __all__ = ["summary", "kernel_table", "totals_table"]
 
 
-def _route_wavelets(program: DataflowProgram) -> dict[str, int]:
+def _route_wavelets(program: ProgramData) -> dict[str, int]:
     """Wavelets each value route carries once per call: the value's elements (32-bit wavelets)."""
     out = {}
     for r in program.routes:
@@ -33,7 +33,7 @@ def _route_wavelets(program: DataflowProgram) -> dict[str, int]:
     return out
 
 
-def summary(program: DataflowProgram) -> dict[str, Any]:
+def summary(program: ProgramData) -> dict[str, Any]:
     """Per-kernel rows and program totals (plain data; JSON-able)."""
     colors: dict[str, set[int]] = {}
     for r in program.routes:
@@ -82,7 +82,7 @@ def summary(program: DataflowProgram) -> dict[str, Any]:
     return {"kernels": rows, "totals": totals}
 
 
-def _weight_stream_bytes(program: DataflowProgram) -> int:
+def _weight_stream_bytes(program: ProgramData) -> int:
     """Streaming mode: the nonzeros and their indices that stream in from off-mesh memory per call."""
     total = 0
     for k in program.kernels:
@@ -100,7 +100,7 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
-def kernel_table(program: DataflowProgram, limit: int | None = None) -> Any:
+def kernel_table(program: ProgramData, limit: int | None = None) -> Any:
     """A rich table with one row per kernel (the first ``limit`` and a count of the rest)."""
     from rich.table import Table
 
@@ -127,7 +127,7 @@ def kernel_table(program: DataflowProgram, limit: int | None = None) -> Any:
     return table
 
 
-def totals_table(program: DataflowProgram) -> Any:
+def totals_table(program: ProgramData) -> Any:
     """A rich table of the program's totals."""
     from rich.table import Table
 

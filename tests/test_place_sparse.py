@@ -12,7 +12,7 @@ from sparsefx.errors import LoweringError, ProgramFormatError
 from sparsefx.passes.lower.place_sparse import place_sparse
 from sparsefx.runtime.csc import assemble, imbalance, pe_nnz
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-from sparsefx.runtime.program import PLACEMENTS, DataflowProgram, Kernel, Region, lane_bounds
+from sparsefx.runtime.program import PLACEMENTS, Kernel, ProgramData, Region, lane_bounds
 from sparsefx.runtime.verify import _check_csc
 
 ROLES = ("out_lo", "out_hi", "in_lo", "in_hi", "nz_ptr", "col_ptr_off", "col_ptr", "row_idx", "values")
@@ -89,7 +89,7 @@ def check_csc(a: dict[str, torch.Tensor], inp: int, width: int, height: int) -> 
 
 def check_verify(a: dict[str, torch.Tensor], out: int, inp: int, width: int, height: int) -> None:
     """``runtime.verify``'s own CSC check agrees."""
-    p = DataflowProgram(MeshSpec(width, height), HardwareSpec(), "pipelined", "block")
+    p = ProgramData(MeshSpec(width, height), HardwareSpec(), "pipelined", "block")
     k = Kernel("k", "sparse_matmul", Region(0, 0, width, height), (), (1, out), "float32")
     k.arrays = {role: p.add_array(f"k.{role}", a[role]) for role in ROLES}
     k.attrs = {"in_features": inp, "out_features": out}

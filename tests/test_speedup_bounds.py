@@ -173,14 +173,14 @@ def test_the_balanced_geometry_of_an_all_ones_weight_is_its_balanced_placement()
     from sparsefx.passes.lower.place_balanced import place_balanced
     from sparsefx.runtime.layout import balanced_ones, layout
     from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-    from sparsefx.runtime.program import DataflowProgram, Kernel, Region
+    from sparsefx.runtime.program import Kernel, ProgramData, Region
 
     rng = random.Random(7)
     for _ in range(60):
         i, o, w, h = rng.randint(1, 40), rng.randint(1, 40), rng.randint(1, 12), rng.randint(1, 12)
         drift = rng.choice([None, 0, 1, 3, 16])
         ones = torch.ones(o, i)
-        program = DataflowProgram(MeshSpec(16, 16), HardwareSpec(), "pipelined", "balanced")
+        program = ProgramData(MeshSpec(16, 16), HardwareSpec(), "pipelined", "balanced")
         attrs = {"kind": "linear", "in_features": i, "out_features": o}
         k = Kernel("fc", "sparse_matmul", Region(0, 0, w, h), ("x",), (1, o), "float32", attrs=attrs)
         for role, array in place_balanced(ones, ones.bool(), w, h, drift).items():
@@ -217,7 +217,7 @@ def test_the_demo_reports_each_speedup_beside_its_own_ideal() -> None:
     assert result.layers_speedup is not None and result.layers_speedup <= result.layers_ideal
 
 
-def _gpt2_program(sparsity: float, mode: str = "pipelined") -> tuple[sparsefx.DataflowProgram, RunStats]:
+def _gpt2_program(sparsity: float, mode: str = "pipelined") -> tuple[sparsefx.ProgramData, RunStats]:
     model, args = _gpt2()
     program = sparsefx.lower(sparsefx.compile(model, sparsity, args), args, mesh=MESH[mode], mode=mode)
     return program, sparsefx.run(program, args).stats

@@ -34,7 +34,7 @@ from sparsefx.runtime.fast import kernel_alone
 from sparsefx.runtime.layout import Layout, layout
 from sparsefx.runtime.memo import kept
 from sparsefx.runtime.memory import pe_bytes
-from sparsefx.runtime.program import DataflowProgram, Kernel
+from sparsefx.runtime.program import Kernel, ProgramData
 
 __all__ = [
     "ROWWISE",
@@ -70,12 +70,12 @@ def candidates(rows: int) -> list[int]:
     return sorted(set(sizes), reverse=True)
 
 
-def fits(program: DataflowProgram, k: Kernel) -> bool:
+def fits(program: ProgramData, k: Kernel) -> bool:
     """Whether the kernel's busiest PE holds its data at its rows in flight."""
     return k.region.pes == 0 or int(pe_bytes(program, k).max()) <= program.hardware.sram_bytes
 
 
-def followers(program: DataflowProgram, k: Kernel) -> list[Kernel]:
+def followers(program: ProgramData, k: Kernel) -> list[Kernel]:
     """The kernels whose block sizes ``k``'s caps (``plan_blocks``: the smallest of their row-streamed
     inputs'), in program order: each later kernel but a row-wise matmul that streams rows of ``k`` or of
     such a kernel. ``k`` may be a copy of the program's kernel of its name (a mapping being tried)."""
@@ -89,7 +89,7 @@ def followers(program: DataflowProgram, k: Kernel) -> list[Kernel]:
     return out
 
 
-def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int, int] | None:
+def best_sparse(program: ProgramData, k: Kernel) -> tuple[int, int, int] | None:
     """``(cycles, rows in flight, cycles of k alone)`` of a sparse matmul's fastest block size, or None if
     none fits. ``cycles`` add the time of each of its ``followers`` alone at the same block size."""
     best: tuple[int, int, int] | None = None
@@ -121,7 +121,7 @@ def best_sparse(program: DataflowProgram, k: Kernel) -> tuple[int, int, int] | N
     return best
 
 
-def _follower(program: DataflowProgram, c: Kernel, b: int) -> tuple[int, int]:
+def _follower(program: ProgramData, c: Kernel, b: int) -> tuple[int, int]:
     """``(cycles, busiest PE's cycles)`` of follower ``c`` alone at ``b`` rows per block, kept by geometry."""
 
     def timed() -> tuple[int, int]:
@@ -143,7 +143,7 @@ def _tuned(k: Kernel) -> bool:
     return k.op == "sparse_matmul" and k.attrs.get("kind") in ROWWISE
 
 
-def _timed(program: DataflowProgram, k: Kernel, known: Layout, b: int) -> tuple[int, int]:
+def _timed(program: ProgramData, k: Kernel, known: Layout, b: int) -> tuple[int, int]:
     """``(cycles, busiest PE's cycles)`` of ``k`` alone at ``b`` rows per block. Past ``TIMED_BLOCKS``
     blocks, both come from the first ``TIMED_BLOCKS // 2`` and ``TIMED_BLOCKS`` blocks: a long kernel
     settles into a steady state where each block adds the same cycles."""
@@ -157,21 +157,21 @@ def _timed(program: DataflowProgram, k: Kernel, known: Layout, b: int) -> tuple[
     return round(whole.end + (whole.end - half.end) * more), round(busy[1] + (busy[1] - busy[0]) * more)
 
 
-def _fits_at(program: DataflowProgram, k: Kernel, b: int) -> bool:
+def _fits_at(program: ProgramData, k: Kernel, b: int) -> bool:
     """Whether ``k`` fits its PEs' SRAM at ``b`` rows in flight (an all-ones matmul keeps no data);
     leaves its ``rows_in_flight`` at ``b``."""
     k.attrs["rows_in_flight"] = b
     return bool(k.attrs.get("all_ones")) or fits(program, k)
 
 
-def _geometry(program: DataflowProgram, k: Kernel) -> tuple:
+def _geometry(program: ProgramData, k: Kernel) -> tuple:
     """All an all-ones kernel's time alone depends on: its shape, region and attrs, and its inputs'."""
     attrs = tuple(sorted((n, repr(v)) for n, v in k.attrs.items() if n not in ("rows_in_flight", "dense")))
     inputs = tuple((s.shape, s.dtype) for s in map(program.value, k.inputs))
     return (k.op, k.shape, k.dtype, k.region, attrs, inputs)
 
 
-def plan_blocks(program: DataflowProgram, known: Mapping[str, int] | None = None) -> None:
+def plan_blocks(program: ProgramData, known: Mapping[str, int] | None = None) -> None:
     """Set ``attrs["rows_in_flight"]`` on every kernel that streams rows (module docstring); ``known``
     gives sparse matmuls whose block size was found already (``tune.py``). A known size that overflows
     the kernel's own PEs (a later layer given the first one's size untimed) is searched again."""

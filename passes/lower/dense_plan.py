@@ -23,7 +23,7 @@ from sparsefx.errors import LoweringError
 from sparsefx.runtime.baseline import dense_program
 from sparsefx.runtime.layout import Layout, balanced_ones
 from sparsefx.runtime.mesh import MeshSpec
-from sparsefx.runtime.program import DataflowProgram, Kernel
+from sparsefx.runtime.program import Kernel, ProgramData
 
 from .blocks import plan_blocks
 from .builder import Pending
@@ -62,7 +62,7 @@ def _width(p: Pending, lanes: int, sram: int, mesh: MeshSpec, mode: str) -> tupl
 
 
 def plan_dense(
-    program: DataflowProgram, pending: list[Pending], lanes: int, report: Report | None = None
+    program: ProgramData, pending: list[Pending], lanes: int, report: Report | None = None
 ) -> None:
     """Write the dense plan onto ``program``'s kernels (module docstring); ``report`` as ``tune_sparse``'s."""
     mesh, sram = program.mesh, program.hardware.sram_bytes
@@ -93,7 +93,7 @@ def plan_dense(
             program.kernel(name).attrs["dense"]["rows_in_flight"] = k.attrs["rows_in_flight"]
 
 
-def _tune(program: DataflowProgram, narrowest: dict[str, int], report: Report | None) -> dict[str, int]:
+def _tune(program: ProgramData, narrowest: dict[str, int], report: Report | None) -> dict[str, int]:
     """Each dense matmul at its own best mapping (``tune.py``), written into its plan: in streaming
     mode its width, with the balanced placement its row-cut limit; returns the block sizes found.
     The passes of one matmul, and the layers of a stack, take the first one's."""

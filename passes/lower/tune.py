@@ -49,7 +49,7 @@ from sparsefx.runtime.csc import imbalance
 from sparsefx.runtime.fast import kernel_alone
 from sparsefx.runtime.layout import Layout, weight_bytes
 from sparsefx.runtime.memory import pe_bytes
-from sparsefx.runtime.program import DataflowProgram, Kernel, Region
+from sparsefx.runtime.program import Kernel, ProgramData, Region
 
 from .blocks import ROWWISE, WORSE_IN_A_ROW, best_sparse
 from .builder import Pending
@@ -93,7 +93,7 @@ def widths(narrowest: int, cap: int) -> list[int]:
 
 
 def search(
-    program: DataflowProgram,
+    program: ProgramData,
     k: Kernel,
     narrowest: int,
     drifts: Sequence[int | None],
@@ -148,7 +148,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def tune_sparse(
-    program: DataflowProgram,
+    program: ProgramData,
     pending: list[Pending],
     narrowest: dict[str, int],
     placement: str,
@@ -207,7 +207,7 @@ def tune_sparse(
     return found
 
 
-def hidden_behind(program: DataflowProgram, i: int, ran: dict[str, int]) -> int:
+def hidden_behind(program: ProgramData, i: int, ran: dict[str, int]) -> int:
     """Streaming: cycles of kernel ``i``'s load that the kernel before it hides (its time alone: from
     ``ran`` if tuned already, else timed with all its rows in one block; 0 for the first kernel)."""
     if program.mode != "streaming" or i == 0:
@@ -233,7 +233,7 @@ def _signature(k: Kernel, p: Pending) -> tuple:
     return (k.attrs["in_features"], k.attrs["out_features"], k.region.width, k.region.height, density)
 
 
-def _install(program: DataflowProgram, k: Kernel, arrays: dict) -> None:
+def _install(program: ProgramData, k: Kernel, arrays: dict) -> None:
     for role, tensor in arrays.items():
         k.arrays[role] = program.add_array(f"{k.name}.{role}", tensor)
     k.stats["imbalance"] = round(imbalance(arrays["nz_ptr"]), 4)

@@ -28,7 +28,7 @@ from sparsefx.commands.args import non_negative_int
 if TYPE_CHECKING:
     import torch
 
-    from sparsefx.runtime.program import DataflowProgram
+    from sparsefx.runtime.program import ProgramData
 
 __all__ = ["add_parser", "cmd_run", "load_inputs"]
 
@@ -118,7 +118,7 @@ def load_inputs(path: str) -> dict[str, torch.Tensor]:
         raise EmulationError(f"cannot read the inputs file {path}: {exc}") from exc
 
 
-def _title(program: DataflowProgram, path: str) -> str:
+def _title(program: ProgramData, path: str) -> str:
     model = program.meta.get("model") or "program"
     return f"{path}: {model} on a {program.mesh} mesh ({program.mode}, {program.placement})"
 
