@@ -33,7 +33,6 @@ meshes up to about 32x32:
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +61,7 @@ from .semantics import apply
 from .sparse_eval import Slices, sparse_matmul
 from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
 
-__all__ = ["execute", "MAX_PES"]
+__all__ = ["execute", "time_patterns", "MAX_PES"]
 
 MAX_PES = 64 * 64
 """The largest mesh the reference executor takes (it is meant for about 32x32)."""
@@ -140,8 +139,18 @@ def _fifo(tasks: list[tuple[int, int, int, int]]) -> list[int]:
 
 
 class _Machine:
-    def __init__(self, program: ProgramData, inputs: dict[str, torch.Tensor]) -> None:
+    """The mesh, kernel by kernel: values computed by the PEs, messages booked on links. With
+    ``patterns`` (``time_patterns``) it only times: each value stands in as its zero pattern (1 where
+    the value is nonzero), so the same rules filter the same zeros without computing."""
+
+    def __init__(
+        self,
+        program: ProgramData,
+        inputs: dict[str, torch.Tensor],
+        patterns: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         self.p = program
+        self.patterns = patterns
         self.hw = program.hardware
         self.hop = self.hw.hop_cycles
         self.streaming = program.mode == "streaming"
@@ -152,7 +161,8 @@ class _Machine:
         self.t0 = 0
         self.prev_start = self.prev_end = self.loader_free = 0
         for s in program.inputs:
-            self._host_value(s.name, s.shape, s.dtype, inputs[s.name])
+            if s.name in inputs:
+                self._host_value(s.name, s.shape, s.dtype, inputs[s.name])
 
     # -- values and messages ------------------------------------------------------------------------
 
@@ -233,11 +243,25 @@ class _Machine:
             kt, value = self._dense(k, t0, inputs)
         kt.load = load
         self._keep(value, k.dtype)
+        if self.patterns is not None:
+            value.tensor = self._stand_in(k.name, k.shape)  # the next kernels read the pattern
         if self.streaming:
             self.prev_start, self.prev_end = kt.start, kt.end
             if load is not None and load[1] >= max(kt.start, 1) and kt.waits_on != "previous":
                 kt.waits_on = "load"
         return kt
+
+    def _stand_in(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Timing only: 1.0 where value ``name`` is nonzero (every element, when its pattern is unknown)."""
+        assert self.patterns is not None
+        seen = self.patterns.get(name)
+        if seen is None or seen.numel() != math.prod(shape):
+            return torch.ones(shape)
+        return seen.reshape(shape).to(torch.float32)
+
+    def _result(self, k: Kernel, compute: Any) -> torch.Tensor:
+        """A kernel's result: computed on its PEs, or its stand-in when only timing."""
+        return compute() if self.patterns is None else self._stand_in(k.name, k.shape)
 
     def _begin(self, k: Kernel) -> tuple[int, tuple[int, int] | None]:
         if not self.streaming:
@@ -310,7 +334,7 @@ class _Machine:
         zeros = torch.zeros(k.region.pes, dtype=torch.int64)
         end = self._end(edge, wave, t0)
         kt = KernelTime(k.name, k.op, t0, end, zeros, zeros.clone(), len(sizes))
-        return kt, self._value(k, b, wave, edge, apply(self.p, k, inputs))
+        return kt, self._value(k, b, wave, edge, self._result(k, lambda: apply(self.p, k, inputs)))
 
     def _dense(self, k: Kernel, t0: int, inputs: list[torch.Tensor]) -> tuple[KernelTime, _Value]:
         hw, r = self.hw, k.region
@@ -346,7 +370,7 @@ class _Machine:
                     arr[q][f] = max(arr[q][f], max(got[(qs, src[f], x, y)] for qs in covered))
                     heard[q][f] |= any(v.live is None or v.live[qs][src[f]] for qs in covered)
             latest[name] = max(max(row) for row in arr)
-        result = apply(self.p, k, inputs)
+        result = self._result(k, lambda: apply(self.p, k, inputs))
         out_live = _live(result, b, len(sizes), f_all)
         idle = idle_tasks(k.op, torch.tensor(heard), None if out_live is None else torch.tensor(out_live))
         ops = ops_per_element(self.p, k)
@@ -396,11 +420,16 @@ class _Machine:
             seen.append(x)
             return _pe_product(s, x)
 
-        arrays = {role: self.p.arrays[name] for role, name in k.arrays.items()}
-        where = f"kernel {k.name!r} ({k.op})"
-        out = sparse_matmul(arrays, k.attrs, (r.width, r.height), inputs[0], k.shape, where, pe_product)
-        result = out.to(DTYPES[k.dtype])
+        def compute() -> torch.Tensor:
+            arrays = {role: self.p.arrays[name] for role, name in k.arrays.items()}
+            where = f"kernel {k.name!r} ({k.op})"
+            out = sparse_matmul(arrays, k.attrs, (r.width, r.height), inputs[0], k.shape, where, pe_product)
+            return out.to(DTYPES[k.dtype])
+
+        result = self._result(k, compute)
         s = layout(self.p, k)
+        if self.patterns is not None and not conv:  # the input columns as the PEs would see them
+            seen.append(inputs[0].reshape(-1, s.in_features))
         b, sizes, wave = self._blocks(k)
         blocks = len(sizes)
         v = self.values[k.inputs[0]]
@@ -596,21 +625,40 @@ def execute(
     Meshes over ``MAX_PES`` PEs are an ``EmulationError``."""
     if not program.has_payloads:
         raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
+    _check_size(program)
+    bound = bind_inputs(program, inputs)
+    machine = _Machine(program, {n: t.cpu() for n, t in bound.items()})
+    timeline = _play(machine)
+    values = [machine.values[n].tensor for n in program.outputs]
+    if device is not None:
+        values = [v.to(device) for v in values]
+    return rebuild_outputs(program.output_tree, values, program.output_spec), timeline
+
+
+def time_patterns(program: ProgramData, patterns: dict[str, torch.Tensor]) -> Timeline:
+    """The ``Timeline`` of ``program`` on values with the zero patterns ``patterns`` (``[rows, features]``
+    bool per value, as ``sparsefx.run`` records them), without computing them: how the reference times a
+    dense baseline, whose all-ones weights a program does not hold."""
+    _check_size(program)
+    machine = _Machine(program, {}, dict(patterns))
+    for s in program.inputs:
+        machine._host_value(s.name, s.shape, s.dtype, machine._stand_in(s.name, s.shape))
+    return _play(machine)
+
+
+def _check_size(program: ProgramData) -> None:
     pes = program.mesh.width * program.mesh.height
     if pes > MAX_PES:
         raise EmulationError(
             f"the reference executor runs meshes of up to {MAX_PES} PEs; this one is "
             f"{program.mesh.width}x{program.mesh.height}: use executor='fast'"
         )
-    bound = bind_inputs(program, inputs)
-    machine = _Machine(program, {n: t.cpu() for n, t in bound.items()})
+
+
+def _play(machine: _Machine) -> Timeline:
+    """Every kernel of the machine's program in order, then the outputs on their way to the host."""
     with torch.no_grad():
-        kernels = [machine.run(k) for k in program.kernels]
+        kernels = [machine.run(k) for k in machine.p.kernels]
     done = machine.outputs_done()
     cycles = max([kt.end for kt in kernels] + list(done.values()) + [0])
-    values = [machine.values[n].tensor for n in program.outputs]
-    if device is not None:
-        values = [v.to(device) for v in values]
-    outputs = rebuild_outputs(program.output_tree, values, program.output_spec)
-    timeline = Timeline(kernels, machine.flows, cycles, done)
-    return outputs, dataclasses.replace(timeline)
+    return Timeline(kernels, machine.flows, cycles, done)

@@ -4,7 +4,8 @@ The values come from the PEs' own data (``runtime/evaluate.py``: every sparse ma
 CSC slices, partial sums added across PEs); the cycles come from the clock (``runtime/fast.py``)
 under the cost rules of ``runtime/cost.py``. Zeros are filtered at the sender: a message (one feature
 of one block of rows) whose values the evaluation finds all zero is not sent. The dense baseline
-(``runtime/baseline.py``) runs through the same clock, with the same zeros filtered::
+(``runtime/baseline.py``) runs through the same executor, with the same zeros filtered (the reference
+times it on the zero patterns alone, ``reference.time_patterns``: a program holds no all-ones weights)::
 
     >>> import sparsefx
     >>> torch.manual_seed(0) and None
@@ -33,7 +34,7 @@ from .baseline import dense_activity, dense_program, unavailable
 from .evaluate import evaluate
 from .fast import simulate
 from .program import Kernel, ProgramData
-from .reference import execute
+from .reference import execute, time_patterns
 from .stats import RunStats, collect, compare
 
 __all__ = ["RunResult", "run", "EXECUTORS"]
@@ -100,8 +101,9 @@ def run(
     if dense is None:
         stats.dense_unavailable = unavailable(program)
     else:
-        clock = device if executor == "fast" else None
-        timed = simulate(dense, dense_activity(activity.seen, dense), clock)
+        patterns = dense_activity(activity.seen, dense)
+        # the reference times its own baseline: the dense values' zeros stand in for them
+        timed = simulate(dense, patterns, device) if executor == "fast" else time_patterns(dense, patterns)
         baseline = collect(dense, timed, executor, mesh_detail=False)  # compare reads cycles and parts
         stats.dense = compare(program, stats, baseline)
     return RunResult(outputs, stats)

@@ -119,3 +119,31 @@ def test_reference_refuses_a_mesh_too_large_for_it(built):
     program = sparsefx.lower(sm, args, mesh=(96, 96))
     with pytest.raises(EmulationError, match="executor='fast'"):
         sparsefx.run(program, args, executor="reference")
+
+
+def test_in_reference_mode_the_reference_times_the_dense_baseline_too():
+    """The dense baseline used to be timed by the fast clock under either executor, so a reference run's
+    speedups leaned on the fast clock. Now the reference times it on the zero patterns of the run (a
+    program holds no all-ones weights to compute with): on seeded random zero patterns its figure is the
+    reference's own, and the fast clock's baseline agrees with it within the executors' tolerance."""
+    from sparsefx.runtime.baseline import dense_activity, dense_program
+    from sparsefx.runtime.evaluate import evaluate
+    from sparsefx.runtime.reference import time_patterns
+    from sparsefx.runtime.run import _Activity
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 96), torch.nn.ReLU(), torch.nn.Linear(96, 16))
+    gen = torch.Generator().manual_seed(5)
+    for mode, mesh in (("streaming", (8, 8)), ("pipelined", (16, 8))):
+        sm = sparsefx.compile(model, 0.9)
+        program = sparsefx.lower(sm, torch.randn(4, 32), mesh=mesh, mode=mode, placement="balanced")
+        x = torch.randn(4, 32, generator=gen) * (torch.rand(4, 32, generator=gen) < 0.6)
+        fast = sparsefx.run(program, (x,))
+        ref = sparsefx.run(program, (x,), executor="reference")
+        seen = _Activity(program)
+        evaluate(program, (x,), None, listener=seen)
+        dense = dense_program(program)
+        own = time_patterns(dense, dense_activity(seen.seen, dense))
+        assert ref.stats.dense.dense_cycles == own.cycles
+        gap = abs(fast.stats.dense.dense_cycles / ref.stats.dense.dense_cycles - 1)
+        assert gap <= CYCLE_TOLERANCE, (mode, fast.stats.dense.dense_cycles, ref.stats.dense.dense_cycles)
