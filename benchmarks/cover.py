@@ -1,5 +1,5 @@
 """Which (column, output) pairs a sparse matmul's PEs hold, and their first and last rows: the clock's
-``_cover`` against expanding every (PE, output) pair, side by side.
+``cover`` against expanding every (PE, output) pair, side by side.
 
 The clock needs this for each partial-sum route. The default is GPT-2 small's LM head (50257 x 768 at
 90%), placed balanced on ``wse2``'s 996 rows at some of the widths the streaming search tries. Both
@@ -27,7 +27,7 @@ from _timing import (
 )
 
 from sparsefx.passes.lower.place_sparse import place_sparse
-from sparsefx.runtime.fast import _cover
+from sparsefx.runtime.intervals import cover
 from sparsefx.runtime.layout import Layout
 from sparsefx.runtime.sparse_eval import read_slices
 
@@ -63,16 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         arrays = place_sparse(weight, mask, w, args.height, "balanced")
         sl = read_slices(arrays, args.in_f, args.out, w, args.height, "benchmark")
         s = Layout(args.in_f, args.out, sl.in_lo, sl.in_hi, sl.out_lo, sl.span, sl.col_ptr)
-        new, old = _cover(s, w, args.height), expanded(s, w, args.height)
+        new, old = cover(s, w, args.height), expanded(s, w, args.height)
         if not all(torch.equal(a, b) for a, b in zip(new, old)):
-            console.print(f"width {w}: _cover and the expansion disagree")
+            console.print(f"width {w}: cover and the expansion disagree")
             return 1
         fns = {
             "expanded": lambda s=s, w=w: expanded(s, w, args.height),
-            "_cover": lambda s=s, w=w: _cover(s, w, args.height),
+            "cover": lambda s=s, w=w: cover(s, w, args.height),
         }
         samples = interleave(fns, args.rounds, warmup=1)
-        ratio = summarize(paired_ratios(samples, "expanded")["_cover"])
+        ratio = summarize(paired_ratios(samples, "expanded")["cover"])
         pairs = int(sl.span.clamp(max=args.out).sum())
         medians = [fmt_seconds(summarize(samples[n]).median) for n in fns]
         rows.append([str(w), f"{pairs:,}", f"{len(new[0]):,}", *medians, fmt_ratio(ratio)])
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"[bold]cover[/]: {shape} | torch {env['torch']}, {env['threads']} threads")
     print_table(
         f"held (column, output) pairs and their rows ({args.rounds} rounds)",
-        ["width", "(PE, output) pairs", "held pairs", "expanded", "_cover", "÷ expanded"],
+        ["width", "(PE, output) pairs", "held pairs", "expanded", "cover", "÷ expanded"],
         rows,
     )
     if args.json:

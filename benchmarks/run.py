@@ -9,7 +9,7 @@ Targets:
   time (the cost grows with the work, not with idle PEs). Medians of per-round ratios, interleaved.
   Every call draws new token ids. GPT-2's GELU leaves no exact zeros, so from the second run on each
   kernel meets the situation of the first (the same departures, no input vector filtered) and the
-  clock reuses its timing (``runtime/fast.py``); the line "timed afresh" switches that off and times
+  clock reuses its timing (``runtime/reuse.py``); the line "timed afresh" switches that off and times
   every kernel again, to show what a run whose zero pattern changes (a ReLU model) costs.
 * **reference executor**: an MLP 256-1024-256 at 90%, batch 4, on a 16x16 mesh, in at most 60 s.
 * **realized speedup**: at 90% the linear layers' emulated speedup over the dense baseline
@@ -70,7 +70,7 @@ from _timing import (
 import sparsefx
 from sparsefx.errors import EmulationError
 from sparsefx.models.gpt import GPT, GPTConfig
-from sparsefx.runtime import fast
+from sparsefx.runtime import reuse
 from sparsefx.runtime.cost import axpy_cycles, rows_of, wavelets
 
 MAX_RUN_OVER_DENSE, MAX_WSE2_OVER_64, MAX_REFERENCE_S, MIN_EFFICIENCY = 3.0, 2.0, 60.0, 0.8
@@ -208,12 +208,12 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
 
 
 def _afresh(program: sparsefx.DataflowProgram, inputs: tuple, device: torch.device) -> None:
-    """``sparsefx.run`` with every kernel timed again: no timing reused (``runtime/fast.py``'s ``REUSE``)."""
-    fast.REUSE = False
+    """``sparsefx.run`` with every kernel timed again: no timing reused (``runtime/reuse.py``'s ``REUSE``)."""
+    reuse.REUSE = False
     try:
         sparsefx.run(program, inputs, device=device)
     finally:
-        fast.REUSE = True
+        reuse.REUSE = True
 
 
 def _dense(model: torch.nn.Module, ids: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from second_device import DEVICE, HOST, CrossDevice, SecondDevice
 from sparsefx.cli import main
 from sparsefx.errors import EmulationError
-from sparsefx.runtime import fast
+from sparsefx.runtime import reuse
 from sparsefx.runtime.evaluate import evaluate
 from sparsefx.runtime.fast import simulate
 from sparsefx.runtime.random_inputs import random_inputs
@@ -95,7 +95,7 @@ def test_the_reference_executor_moves_a_model_output_whole() -> None:
 
 
 def test_the_clock_makes_its_tensors_on_the_device(programs, monkeypatch) -> None:
-    monkeypatch.setattr(fast, "REUSE", False)  # every kernel timed afresh, none taken from earlier runs
+    monkeypatch.setattr(reuse, "REUSE", False)  # every kernel timed afresh, none taken from earlier runs
     program = programs["gpt-tiny", "streaming"]
     x = random_inputs(program, seed=4)
     seen = _Activity(program)

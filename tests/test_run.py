@@ -12,9 +12,10 @@ import sparsefx
 from conftest import HF_VOCAB, LOWER_MESH, compile_builtins, tiny_gpt2_config
 from sparsefx.errors import EmulationError
 from sparsefx.passes.lower.blocks import ROWWISE, candidates, fits
-from sparsefx.runtime import fast, queues
+from sparsefx.runtime import fast, intervals, queues, reuse
 from sparsefx.runtime.cost import row_streaming, rows_of
 from sparsefx.runtime.layout import Layout
+from sparsefx.runtime.memo import kept_for
 from sparsefx.runtime.memory import sram_needed
 from sparsefx.runtime.mesh import HardwareSpec
 from sparsefx.runtime.queues import fifo
@@ -86,7 +87,7 @@ def test_queues_give_each_pes_last_finish_of_each_block(lo, hi):
 @pytest.mark.parametrize(("height", "width", "blocks", "chunk"), [(7, 5, 3, None), (33, 9, 300, 64)])
 def test_range_max_is_the_largest_of_each_range(monkeypatch, height, width, blocks, chunk):
     if chunk is not None:  # blocks a few at a time
-        monkeypatch.setattr(fast, "CHUNK", chunk)
+        monkeypatch.setattr(intervals, "CHUNK", chunk)
     torch.manual_seed(0)
     grid = torch.randint(0, 1000, (height, width, blocks))
     x = torch.randint(0, width, (300,))
@@ -96,7 +97,7 @@ def test_range_max_is_the_largest_of_each_range(monkeypatch, height, width, bloc
     encoded = grid * height + torch.arange(height)[:, None, None]
     ranges = zip(lo.tolist(), hi.tolist(), x.tolist())
     want = torch.stack([encoded[a : b + 1, c].amax(0) for a, b, c in ranges])
-    assert torch.equal(fast._range_max(grid, x, lo, hi), want)
+    assert torch.equal(intervals.range_max(grid, x, lo, hi), want)
 
 
 def test_cover_finds_each_held_output_and_its_first_and_last_row():
@@ -111,7 +112,7 @@ def test_cover_finds_each_held_output_and_its_first_and_last_row():
             for i in range(min(span[p], out_f)):
                 rows.setdefault(p % width * out_f + (lo[p] + i) % out_f, []).append(p // width)
         s = Layout(1, out_f, None, None, torch.tensor(lo), torch.tensor(span), None)
-        keys, ymin, ymax = fast._cover(s, width, height)
+        keys, ymin, ymax = intervals.cover(s, width, height)
         assert keys.tolist() == sorted(rows)
         assert ymin.tolist() == [min(rows[k]) for k in sorted(rows)]
         assert ymax.tolist() == [max(rows[k]) for k in sorted(rows)]
@@ -125,7 +126,7 @@ def test_stab_takes_the_least_and_largest_value_over_the_ranges_holding_each_ind
         value = [rng.randint(0, 50) for _ in ranges]
         a, b = (torch.tensor([r[i] for r in ranges]) for i in (0, 1))
         for how, empty, pick in (("amin", 99, min), ("amax", -1, max)):
-            got = fast._stab(a, b, torch.tensor(value), n, empty, how).tolist()
+            got = intervals.stab(a, b, torch.tensor(value), n, empty, how).tolist()
             held = [[v for (x, y), v in zip(ranges, value) if x <= i < y] for i in range(n)]
             assert got == [pick(h) if h else empty for h in held]
 
@@ -300,8 +301,8 @@ def test_reused_timings_are_the_ones_the_clock_computes(builtins, monkeypatch, n
         half[:, ::2] = 0
         inputs.append((half,))
     timed: list[str] = []
-    computed = fast._Clock._time
-    monkeypatch.setattr(fast._Clock, "_time", lambda self, k, t0: timed.append(k) or computed(self, k, t0))
+    computed = fast.FastClock._time
+    monkeypatch.setattr(fast.FastClock, "_time", lambda self, k, t0: timed.append(k) or computed(self, k, t0))
     reused = []
     for x in inputs + [args]:
         timed.clear()
@@ -309,7 +310,7 @@ def test_reused_timings_are_the_ones_the_clock_computes(builtins, monkeypatch, n
         if len(reused) == 1 and name == "gpt-tiny":  # the baseline's kernels are timed too
             assert len(timed) < 2 * len(program.kernels)
     assert timed == []  # the first inputs again: every kernel reused
-    monkeypatch.setattr(fast, "REUSE", False)
+    monkeypatch.setattr(reuse, "REUSE", False)
     assert [sparsefx.run(program, x).stats.to_json() for x in inputs + [args]] == reused
 
 
@@ -318,9 +319,9 @@ def test_each_kernel_keeps_the_timings_of_its_latest_situations_only(builtins):
     sm, args = builtins["mlp"]
     program = sparsefx.lower(sm, args, mesh=LOWER_MESH["mlp"], mode="streaming")
     k = next(k for k in program.kernels if k.op == "sparse_matmul")
-    for i in range(fast.SITUATIONS + 3):
+    for i in range(reuse.SITUATIONS + 3):
         x = args[0].clone()
-        x[:, i :: fast.SITUATIONS + 3] = 0  # another zero pattern each run
+        x[:, i :: reuse.SITUATIONS + 3] = 0  # another zero pattern each run
         sparsefx.run(program, (x,))
-    timings = fast.kept_for(program, k, ("timings", *fast._Clock(program, None).setting(k)), dict)
-    assert len(timings) == fast.SITUATIONS
+    timings = kept_for(program, k, ("timings", *fast.FastClock(program, None).setting(k)), dict)
+    assert len(timings) == reuse.SITUATIONS

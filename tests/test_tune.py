@@ -11,8 +11,8 @@ import sparsefx
 from sparsefx.passes.lower.blocks import BUSY_SLACK, TIMED_BLOCKS, _timed, best_sparse, candidates, fits
 from sparsefx.passes.lower.place_sparse import place_sparse
 from sparsefx.passes.lower.tune import DRIFTS, hidden_behind
+from sparsefx.runtime.alone import kernel_alone, time_alone
 from sparsefx.runtime.cost import load_cycles
-from sparsefx.runtime.fast import kernel_alone, time_alone
 from sparsefx.runtime.layout import layout, weight_bytes
 from sparsefx.runtime.program import Region
 

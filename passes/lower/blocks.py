@@ -3,7 +3,7 @@
 A sparse matmul's task is one AXPY per nonzero over the rows of a block, so long blocks spread the
 task start over more rows; short blocks keep the accumulators small and let the partial sums of one
 block travel while the next is computed. ``plan_blocks`` times each sparse matmul alone at every
-block size that fits its PEs' SRAM (``runtime.fast.time_alone``: the emulator's own cost rules),
+block size that fits its PEs' SRAM (``runtime.alone.time_alone``: the emulator's own cost rules),
 longest first, and keeps the fastest; once two sizes in a row are slower than the best so far it
 stops (the short blocks are the slow ones to time, and past the best they only add task starts).
 Row-wise kernels after it take its block size, so blocks flow down a chain of kernels without waiting
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sparsefx.runtime.alone import kernel_alone
 from sparsefx.runtime.cost import row_streaming, rows_of
-from sparsefx.runtime.fast import kernel_alone
 from sparsefx.runtime.layout import Layout, layout
 from sparsefx.runtime.memo import kept
 from sparsefx.runtime.memory import pe_bytes

@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
+from sparsefx.runtime.alone import kernel_alone
 from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
-from sparsefx.runtime.fast import kernel_alone
 from sparsefx.runtime.layout import Layout, weight_bytes
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.program import Kernel, ProgramData, Region

@@ -1,0 +1,191 @@
+"""Interval helpers of the fast clock: range maxima, stabbing queries, held (column, output) pairs.
+
+The clock's column reduction asks, for many ranges of rows at once, which row finishes last, and which
+rows hold a part of each output; these answer such questions with sparse tables and sorts, without a
+Python loop per range, PE or output.
+
+    >>> range_max_1d(torch.tensor([[3], [9], [4], [7]]), torch.tensor([0, 2]), torch.tensor([1, 3])).tolist()
+    [[9], [7]]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import Layout
+from .queues import CHUNK
+
+NEVER = 1 << 62  # later than any cycle
+
+
+def busiest_link(
+    bus: torch.Tensor, lane: torch.Tensor, far: torch.Tensor, buses: int, height: int
+) -> torch.Tensor:
+    """For messages forking ``far`` rows from ``lane`` on ``bus`` (column * 2, + 1 going south), the
+    busiest link each crosses, as a queue id ``bus * height + row`` (the row the link leaves): the
+    messages crossing a link pass it one at a time, the busiest link's queue stands for the route's."""
+    south = bus % 2 == 1
+    lo = torch.where(south, lane, lane - far + 1)
+    hi = torch.where(south, lane + far - 1, lane)
+    load = torch.zeros((height + 1, buses), dtype=torch.int64)
+    load.index_put_((lo, bus), torch.ones_like(lo), accumulate=True)
+    load.index_put_((hi + 1, bus), -torch.ones_like(lo), accumulate=True)
+    grid = torch.cumsum(load, 0)[:height, :, None]
+    return bus * height + range_max(grid, bus, lo, hi)[:, 0] % height
+
+
+class Columns:
+    """A region's active PEs (region-local ids, ascending) by column: each column's rows, for the
+    largest and least finish over a column's rows without a ``[height, width, blocks]`` grid."""
+
+    def __init__(self, active: torch.Tensor, width: int, height: int) -> None:
+        x, y = active % width, active // width
+        key = x * height + y
+        self.order = torch.argsort(key)  # active PEs column by column, rows ascending
+        self.key, self.y, self.x = key[self.order], y[self.order], x
+        self.height, self.width = height, width
+        self.full = torch.bincount(x, minlength=width) == height  # columns with no idle PE
+
+    def slowest(
+        self, finish: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, t0: int
+    ) -> torch.Tensor:
+        """``[ranges, blocks]``: the largest finish over rows ``lo..hi`` of column ``x``, encoded ``value
+        * height + row`` (ties: the last row); an idle PE finishes at ``t0``, before any active one."""
+        h = self.height
+        first = torch.searchsorted(self.key, x * h + lo)
+        end = torch.searchsorted(self.key, x * h + hi, right=True)
+        out = (t0 * h + hi)[:, None].expand(-1, finish.shape[1]).clone()  # ranges of idle PEs only
+        some = end > first
+        if bool(some.any()):
+            encoded = finish[self.order] * h + self.y[:, None]
+            out[some] = range_max_1d(encoded, first[some], end[some] - 1)
+        return out
+
+    def first(self, finish: torch.Tensor, t0: int) -> torch.Tensor:
+        """``[width, blocks]``: the least finish in each column (``t0`` where a PE of it is idle)."""
+        least = torch.full((self.width, finish.shape[1]), t0, dtype=torch.int64)
+        index = self.x[:, None].expand_as(finish)
+        in_full = torch.full_like(least, NEVER).scatter_reduce_(0, index, finish, "amin")
+        return torch.where(self.full[:, None], in_full, least)
+
+
+def range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``[ranges, blocks]``: the largest of rows ``lo..hi`` (inclusive, non-empty) of ``values`` ``[n,
+    blocks]``. A sparse table built a level at a time up to what the longest range needs, each level
+    answering its ranges before the next replaces it (no loop per range); blocks go a few at a time,
+    so that a level holds at most about ``CHUNK * 4`` entries."""
+    n, blocks = values.shape
+    step = max(1, CHUNK * 4 // max(1, n))
+    if blocks > step:
+        return torch.cat([range_max_1d(values[:, q : q + step], lo, hi) for q in range(0, blocks, step)], 1)
+    level = torch.floor(torch.log2((hi - lo + 1).clamp(min=1).to(torch.float64))).to(torch.int64)
+    out = torch.empty((len(lo), blocks), dtype=torch.int64)
+    table = values  # level j, row i: the largest of rows i .. i + 2^j - 1
+    for j in range(int(level.max()) + 1 if len(lo) else 0):
+        if j:
+            table = torch.maximum(table[: -(1 << (j - 1))], table[1 << (j - 1) :])
+        m = level == j
+        if bool(m.any()):
+            out[m] = torch.maximum(table[lo[m]], table[hi[m] - (1 << j) + 1])
+    return out
+
+
+def range_max(grid: torch.Tensor, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``[ranges, blocks]``: over rows ``lo..hi`` of column ``x`` of ``grid`` ``[height, width, blocks]``,
+    the largest value, encoded ``value * height + row`` (ties: the last row)."""
+    height, width, blocks = grid.shape
+    encoded = (grid * height + torch.arange(height)[:, None, None]).permute(1, 0, 2)
+    return range_max_1d(encoded.reshape(width * height, blocks), x * height + lo, x * height + hi)
+
+
+def cumcount(key: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[rows, n]``: the total ``weight`` (``[n]``) of the earlier entries of each row that hold the same
+    key. Runs of equal keys are found first, and only the runs are sorted by key.
+
+    >>> cumcount(torch.tensor([[3, 3, 5, 3, 5], [1, 1, 1, 2, 1]]), torch.tensor([1, 1, 1, 1, 2])).tolist()
+    [[0, 1, 0, 2, 1], [0, 1, 2, 0, 3]]
+    """
+    rows, n = key.shape
+    if key.numel() == 0:
+        return torch.zeros_like(key)
+    lo, hi = torch.aminmax(key)
+    span = int(hi) - int(lo) + 1
+    flat = (key - lo + torch.arange(rows)[:, None] * span).reshape(-1)  # keys never repeat across rows
+    change = torch.ones_like(flat, dtype=torch.bool)
+    change[1:] = flat[1:] != flat[:-1]
+    starts = change.nonzero().squeeze(1)  # each run of equal keys
+    weights = weight.repeat(rows)
+    upto = torch.cumsum(weights, 0)
+    ahead = upto - weights  # weight before each entry, over all rows
+    ends = torch.cat([starts[1:], torch.tensor([len(flat)])]) - 1
+    totals = upto[ends] - ahead[starts]  # each run's weight
+    run_key = flat[starts]
+    order = torch.sort(run_key, stable=True).indices
+    ordered = totals[order]
+    before = torch.cumsum(ordered, 0) - ordered
+    new_key = torch.ones_like(order, dtype=torch.bool)
+    new_key[1:] = run_key[order][1:] != run_key[order][:-1]
+    key_start = torch.cummax(torch.where(new_key, torch.arange(len(order)), 0), 0).values
+    earlier = torch.empty_like(before)
+    earlier[order] = before - before[key_start]  # weight of the same key in earlier runs
+    run = torch.cumsum(change, 0) - 1
+    return ((earlier - ahead[starts])[run] + ahead).reshape(rows, n)
+
+
+def cover(s: Layout, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each (column, output) pair some PE holds a part of, as ascending keys ``column * out_features +
+    output``, with the first and last row holding one.
+
+    Each PE's cyclic output range is one or two intervals of keys. Their ends cut the keys into
+    segments that every interval covers whole or not at all, so the rows are found per segment
+    (``stab``) and only the held segments are spread out to keys: the work follows the PEs and the
+    held pairs, never the outputs times the PEs that hold them."""
+    out_f = s.out_features
+    span = s.span.clamp(max=out_f)
+    pe = (span > 0).nonzero().squeeze(1)
+    if len(pe) == 0:
+        none = torch.zeros(0, dtype=torch.int64)
+        return none, none, none
+    lo = s.out_lo[pe].to(torch.int64) % out_f
+    hi = lo + span[pe]
+    base = pe % width * out_f
+    wrap = hi > out_f  # the part past the last output starts again at output 0
+    starts = torch.cat([base + lo, base[wrap]])
+    ends = torch.cat([base + hi.clamp(max=out_f), base[wrap] + hi[wrap] - out_f])
+    rows = torch.cat([pe // width, (pe // width)[wrap]])
+    cuts = torch.unique(torch.cat([starts, ends]))
+    a, b = torch.searchsorted(cuts, starts), torch.searchsorted(cuts, ends)  # segments [a, b)
+    segments = len(cuts) - 1
+    first = stab(a, b, rows, segments, height, "amin")
+    last = stab(a, b, rows, segments, -1, "amax")
+    held = (last >= 0).nonzero().squeeze(1)
+    length = cuts[held + 1] - cuts[held]
+    total = int(length.sum())
+    offset = torch.repeat_interleave(torch.cumsum(length, 0) - length, length, output_size=total)
+    keys = torch.repeat_interleave(cuts[held], length, output_size=total) + torch.arange(total) - offset
+    ymin = torch.repeat_interleave(first[held], length, output_size=total)
+    ymax = torch.repeat_interleave(last[held], length, output_size=total)
+    return keys, ymin, ymax
+
+
+def stab(a: torch.Tensor, b: torch.Tensor, value: torch.Tensor, n: int, empty: int, how: str) -> torch.Tensor:
+    """``[n]``: the least (``how="amin"``) or largest (``"amax"``) ``value[i]`` of the ranges ``a[i] ..
+    b[i] - 1`` (non-empty) that hold each index, ``empty`` where none does. Each range is two blocks of a
+    power-of-two length ``2^j``, as in a sparse table; a level's blocks then pass their value to the
+    two halves below, from the longest level down, so the work is the indices times the levels."""
+    level = torch.floor(torch.log2((b - a).to(torch.float64))).to(torch.int64)
+    top = int(level.max()) if len(level) else 0
+    pick = torch.minimum if how == "amin" else torch.maximum
+    best = torch.full((n,), empty, dtype=torch.int64)
+    for j in range(top, -1, -1):
+        here = torch.full((n,), empty, dtype=torch.int64)
+        m = level == j
+        if bool(m.any()):
+            at = torch.cat([a[m], b[m] - (1 << j)])
+            here.scatter_reduce_(0, at, value[m].repeat(2), how)
+        if j < top:  # a block 2^(j+1) long at i covers the blocks 2^j long at i and at i + 2^j
+            here = pick(here, best)
+            half = 1 << j
+            here[half:] = pick(here[half:], best[:-half])
+        best = here
+    return best
