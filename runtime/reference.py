@@ -61,7 +61,7 @@ from .semantics import apply
 from .sparse_eval import Slices, sparse_matmul
 from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
 
-__all__ = ["execute", "time_patterns", "MAX_PES"]
+__all__ = ["ReferenceMachine", "execute", "time_patterns", "MAX_PES"]
 
 MAX_PES = 64 * 64
 """The largest mesh the reference executor takes (it is meant for about 32x32)."""
@@ -138,10 +138,15 @@ def _fifo(tasks: list[tuple[int, int, int, int]]) -> list[int]:
     return finish
 
 
-class _Machine:
-    """The mesh, kernel by kernel: values computed by the PEs, messages booked on links. With
-    ``patterns`` (``time_patterns``) it only times: each value stands in as its zero pattern (1 where
-    the value is nonzero), so the same rules filter the same zeros without computing."""
+class ReferenceMachine:
+    """The mesh of ``runtime/cost.py`` played message by message (module docstring): kernel by kernel in
+    program order (``run``), each PE computing its values from its own data, each message booked on
+    every link it crosses (``runtime/links.py``), each PE's tasks run one at a time in arrival order, in
+    plain loops over messages and tasks. It is the definition that ``FastClock`` (``runtime/fast.py``),
+    which evaluates the same rules vectorized over PEs and messages, is checked against.
+
+    With ``patterns`` (``time_patterns``) it only times: each value stands in as its zero pattern (1
+    where the value is nonzero), so the same rules filter the same zeros without computing."""
 
     def __init__(
         self,
@@ -627,7 +632,7 @@ def execute(
         raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
     _check_size(program)
     bound = bind_inputs(program, inputs)
-    machine = _Machine(program, {n: t.cpu() for n, t in bound.items()})
+    machine = ReferenceMachine(program, {n: t.cpu() for n, t in bound.items()})
     timeline = _play(machine)
     values = [machine.values[n].tensor for n in program.outputs]
     if device is not None:
@@ -640,7 +645,7 @@ def time_patterns(program: ProgramData, patterns: dict[str, torch.Tensor]) -> Ti
     bool per value, as ``sparsefx.run`` records them), without computing them: how the reference times a
     dense baseline, whose all-ones weights a program does not hold."""
     _check_size(program)
-    machine = _Machine(program, {}, dict(patterns))
+    machine = ReferenceMachine(program, {}, dict(patterns))
     for s in program.inputs:
         machine._host_value(s.name, s.shape, s.dtype, machine._stand_in(s.name, s.shape))
     return _play(machine)
@@ -655,7 +660,7 @@ def _check_size(program: ProgramData) -> None:
         )
 
 
-def _play(machine: _Machine) -> Timeline:
+def _play(machine: ReferenceMachine) -> Timeline:
     """Every kernel of the machine's program in order, then the outputs on their way to the host."""
     with torch.no_grad():
         kernels = [machine.run(k) for k in machine.p.kernels]
