@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -10,6 +11,9 @@ from torch import nn
 from torch.func import functional_call
 
 from sparsefx.trees import tensor_leaves
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # the suite runs in parallel workers: one thread each
+    torch.set_num_threads(1)
 
 
 def reference_forward(model: nn.Module, masks: dict[str, torch.Tensor], args: tuple, kwargs: dict) -> Any:

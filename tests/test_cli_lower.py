@@ -52,7 +52,8 @@ def test_lower_json_summary(tmp_path, capsys) -> None:
     assert data["totals"]["nnz"] == sum(k["nnz"] for k in data["kernels"] if k["nnz"] is not None)
 
 
-def test_inspect_program_tables_dot_and_png(program_file: str, tmp_path, capsys) -> None:
+def test_inspect_program_tables_dot_and_png(program_file: str, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # table titles on one line, whatever terminal the run inherits
     dot = tmp_path / "p.dot"
     code = main(["inspect", program_file, "--dot", str(dot)])
     out = capsys.readouterr().out
