@@ -41,6 +41,7 @@ import torch
 
 from sparsefx.errors import EmulationError
 
+from .blocking import blocked, sized
 from .cost import (
     axpy_cycles,
     block_rows,
@@ -59,7 +60,7 @@ from .links import Links
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
 from .semantics import apply
 from .sparse_eval import Slices, sparse_matmul
-from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
+from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline, lane_sends
 
 __all__ = ["ReferenceMachine", "execute", "time_patterns", "MAX_PES"]
 
@@ -82,19 +83,12 @@ class _Value:
     tensor: torch.Tensor
 
     def __post_init__(self) -> None:
-        self.bounds = lane_bounds(self.features, self.lanes).tolist()
-        # zeros filtered at the sender: what each message puts on its lane, from the PEs' own data
-        # (``Flow.sends``: 0 for an all-zero message; a lane's last message carries the block's end)
-        self.live = _live(self.tensor, self.block, len(self.wave), self.features)
-        self.sends = [
-            [w if self.live is None or self.live[q][f] else 0 for f in range(self.features)]
-            for q, w in enumerate(self.wave)
-        ]
-        self.ends = [hi - 1 for lo, hi in zip(self.bounds, self.bounds[1:]) if hi > lo]
-        if self.live is not None:
-            for row in self.sends:
-                for f in self.ends:
-                    row[f] = max(row[f], 1)
+        bounds = lane_bounds(self.features, self.lanes)
+        self.bounds = bounds.tolist()
+        # zeros filtered at the sender, from the PEs' own data, by the rule both executors send by
+        self.flags = _live(self.tensor, self.block, len(self.wave), self.features)
+        self.live = None if self.flags is None else self.flags.tolist()
+        self.sends = lane_sends(torch.tensor(self.wave, dtype=torch.int64), self.flags, bounds).tolist()
 
     def last(self, f: int) -> int:
         """The last feature of ``f``'s lane: its message carries the lane's end-of-block mark."""
@@ -112,13 +106,11 @@ class _Value:
         return range(lo // self.block, hi // self.block + 1)
 
 
-def _live(tensor: torch.Tensor, block: int, blocks: int, features: int) -> list[list[bool]] | None:
-    """``[block][feature]``: whether message ``(q, f)`` of a value holds a nonzero (None: an empty value)."""
+def _live(tensor: torch.Tensor, block: int, blocks: int, features: int) -> torch.Tensor | None:
+    """``[blocks, features]``: whether message ``(q, f)`` of a value holds a nonzero (None: empty value)."""
     if tensor.numel() == 0 or features == 0:
         return None
-    flat = (tensor != 0).reshape(-1, features)
-    out = [flat[q * block : (q + 1) * block].any(dim=0).tolist() for q in range(blocks)]
-    return out if len(out) == blocks and all(len(row) == features for row in out) else None
+    return sized(blocked((tensor != 0).reshape(-1, features), block), blocks, features)
 
 
 def _sizes(rows: int, b: int) -> list[int]:
@@ -182,7 +174,7 @@ class ReferenceMachine:
         self.values[v.name] = v
         ready = torch.tensor(v.ready, dtype=torch.int64).reshape(len(v.wave), v.features)
         wave = torch.tensor(v.wave, dtype=torch.int64)
-        live = None if v.live is None else torch.tensor(v.live, dtype=torch.bool)
+        live = v.flags
         flow = Flow(v.name, dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, live)
         self.flows[v.name] = flow
 
@@ -304,11 +296,12 @@ class ReferenceMachine:
         ready: dict[tuple[int, int], tuple[int, int]],
         sizes: list[int],
         wave: list[int],
-        live: list[list[bool]] | None,
+        flags: torch.Tensor | None,
     ) -> list[list[int]]:
         """``ready[(q, f)] = (cycle, column)``: each result from its column east along its lane row to
-        the region's edge, first come first served (an all-zero one is not sent: ``live``); returns
-        ``[block][feature]`` edge times."""
+        the region's edge, first come first served (an all-zero one is not sent: ``flags``, ``_live``);
+        returns ``[block][feature]`` edge times."""
+        live = None if flags is None else flags.tolist()
         f_all = features_of(k.shape)
         lanes = _lanes(k, f_all)
         bounds = lane_bounds(f_all, lanes).tolist()
@@ -377,7 +370,7 @@ class ReferenceMachine:
             latest[name] = max(max(row) for row in arr)
         result = self._result(k, lambda: apply(self.p, k, inputs))
         out_live = _live(result, b, len(sizes), f_all)
-        idle = idle_tasks(k.op, torch.tensor(heard), None if out_live is None else torch.tensor(out_live))
+        idle = idle_tasks(k.op, torch.tensor(heard), out_live)
         ops = ops_per_element(self.p, k)
         cost = [task_cycles(ops, n, k.dtype, hw) for n in sizes]
         tasks = [

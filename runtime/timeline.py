@@ -16,7 +16,7 @@ import torch
 from .program import lane_bounds
 from .queues import fifo
 
-__all__ = ["Flow", "KernelTime", "Timeline", "digest", "REDUCING_STATS"]
+__all__ = ["Flow", "KernelTime", "Timeline", "digest", "lane_sends", "REDUCING_STATS"]
 
 REDUCING_STATS = frozenset({"layer_norm", "softmax"})
 """Kernels that all-reduce statistics across lanes before they finish a block."""
@@ -28,6 +28,27 @@ def digest(t: torch.Tensor) -> tuple:
     data = data.cpu()
     return tuple(t.shape), str(t.dtype), hashlib.blake2b(data.numpy().tobytes(), digest_size=20).digest()
 
+
+
+def lane_sends(wave: torch.Tensor, live: torch.Tensor | None, bounds: torch.Tensor) -> torch.Tensor:
+    """``[blocks, features]``: wavelets each message of a value puts on its lane, zeros filtered at the
+    sender. ``wave[q]``: wavelets of a message of block ``q``; ``live[q, f]``: whether message ``(q, f)``
+    holds a nonzero (None: every one does); ``bounds``: ``lane_bounds`` of the features. A filtered
+    message sends nothing, except a lane's last one, which still sends the block's end mark (one
+    wavelet). Both executors send by this rule.
+
+        >>> live = torch.tensor([[True, False, False, False]])  # two lanes of two features
+        >>> lane_sends(torch.tensor([4]), live, torch.tensor([0, 2, 4]))
+        tensor([[4, 1, 0, 1]])
+    """
+    full = wave[:, None].expand(-1, int(bounds[-1]))
+    if live is None:
+        return full.clone()
+    out = torch.where(live, full, 0)
+    ends = bounds[1:] - 1
+    ends = ends[ends >= bounds[:-1]]  # lanes with no feature send nothing
+    out[:, ends] = out[:, ends].clamp(min=1)
+    return out
 
 
 @dataclass
@@ -87,15 +108,7 @@ class Flow:
         """``[blocks, features]``: wavelets each message puts on its lane (0: filtered), the lone
         end-of-block wavelet of a lane whose last message is filtered included."""
         if "sends" not in self._shared:
-            full = self.wave[:, None].expand(-1, self.features)
-            if self.live is None:
-                out = full.clone()
-            else:
-                out = torch.where(self.live, full, 0)
-                ends = self.bounds[1:] - 1
-                ends = ends[ends >= self.bounds[:-1]]  # lanes with no feature send nothing
-                out[:, ends] = out[:, ends].clamp(min=1)
-            self._shared["sends"] = out
+            self._shared["sends"] = lane_sends(self.wave, self.live, self.bounds)
         return self._shared["sends"]
 
     @property

@@ -136,7 +136,8 @@ class PlaceData:
     nonzeros while its outputs still have to leave it: at 99% a one-column layer can be slower than
     the same layer at 90% on five. So two shares are candidates, by the kernels' sparse work and by
     the work their dense weights would have (the dense baseline's share), and the fast clock keeps the
-    one that ends first (then the shorter interval); with every mask all ones the two are the same."""
+    one with the shorter steady-state interval (then the shorter latency); with every mask all ones the
+    two are the same."""
 
     name: ClassVar[str] = "place-data"
     attempts: int = 6
@@ -148,8 +149,7 @@ class PlaceData:
             dense = [work(dense_pending(p)) for p in state.pending]
             if dense != candidates[0]:
                 candidates.append(dense)
-        widths = list(state.widths)
-        fitted = [self._fit(state, lanes, works, list(widths)) for works in candidates]
+        fitted = [self._fit(state, lanes, works, list(state.widths)) for works in candidates]
         if len(fitted) > 1:
             fitted.sort(key=lambda pw: _finish(pw[0])[::-1])
         state.program, state.widths = fitted[0]
