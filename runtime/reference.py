@@ -1,24 +1,28 @@
-"""The reference executor: the machine of ``runtime/cost.py`` played message by message and task by task.
+"""The reference executor: a discrete-event simulation of the mesh, and the definition of its timing.
 
-It is the definition the fast executor (``runtime/fast.py``) is checked against, written plainly, for
-meshes up to about 32x32:
+``ReferenceMachine`` plays a whole program on one queue of events in time order (``runtime/events.py``):
 
-- **Values are what the PEs compute.** Each PE of a sparse matmul multiplies the input columns it
-  receives by the nonzeros of its own CSC slice (one AXPY per nonzero) into its partial sums; the
-  partial sums of an output add up on their way to the output's lane. Other kernels apply their op's
-  rule (``runtime.semantics``) to the values their inputs' PEs computed.
-- **Every message books the links it crosses** (``runtime/links.py``): a link carries one wavelet per
-  cycle in each direction, so messages of different colors that share a link take turns. A message's
-  head moves one hop per ``hop_cycles``; it is delivered when its last wavelet has arrived. A value
-  fans out along its lane row (east in a pipelined program; west to column 0 and back east in a
-  streaming one, where a stored value is sent again in the step of the kernel that reads it) and
-  forks up or down a column to the rows that hold its features.
-- **Tasks are triggered by data.** A PE runs a task when a message it needs arrives, one task at a
-  time in arrival order: a sparse matmul's task is one input column (the AXPYs of its local
-  nonzeros); an all-zero column is not sent to the task (the sender filters it) and counts as
-  skipped. A PE's block is done when every message of its columns has come and its tasks have run.
-- **Partial sums** go down and up each column to their output's lane (merging where a PE holds the
-  same output), then east along the lane to the region's edge, merging column by column.
+- **Values are what the PEs compute.** Each PE of a sparse matmul does one AXPY per stored nonzero of
+  the input columns it receives; the partial sums of an output add up along its reduction route, in
+  the route's order (``runtime/pe_values.py``). Other kernels apply their op's rule
+  (``runtime.semantics``) to the values their inputs' PEs computed. The values do not depend on when a
+  task runs, so they are computed first; the events then time the same work, and a message is
+  filtered when the value it carries, as the PEs hold it, is all zero.
+- **Messages travel hop by hop** (``runtime/journeys.py``): every link a message crosses is a request
+  to the fabric, which serves one wavelet per cycle per direction and arbitrates round-robin by color
+  among the messages whose heads have arrived. Who goes first is decided by time, across kernels.
+- **Tasks are triggered by data.** A PE runs a task when the messages it needs have arrived, one task
+  at a time, first arrived first run (``Cores``): a sparse matmul's task is one input column (the
+  AXPYs of its local nonzeros) for one block of rows; a message the sender filtered triggers none. A
+  PE's block is done when every message of its columns has come (or is known filtered), its tasks
+  have run and its previous block is done.
+- **Partial sums** go down and up each column to their output's lane, merging on each PE that holds
+  the same output (it sends on when its own block is done and the sum from above has arrived), then
+  east along the lane across the columns holding it, then to the region's east edge.
+- **Kernels** all start at cycle 0 in a pipelined program. In a streaming one each starts when the
+  kernel before has ended and its own weights are loaded (``load_cycles``, loaded while the kernel
+  before runs), and reads stored values sent again in its own step.
+- **Outputs** leave the mesh past its east edge; the run ends when the last has reached the host.
 
     >>> import sparsefx
     >>> torch.manual_seed(0) and None
@@ -34,14 +38,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from sparsefx.errors import EmulationError
 
-from .blocking import blocked, sized
 from .cost import (
     axpy_cycles,
     block_rows,
@@ -55,62 +58,56 @@ from .cost import (
     wavelets,
 )
 from .evaluate import bind_inputs, rebuild_outputs
+from .events import Cores, Events, Fabric
+from .journeys import Journeys, Sent
 from .layout import layout, weight_bytes
-from .links import Links
+from .pe_values import route_product
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
 from .semantics import apply
-from .sparse_eval import Slices, sparse_matmul
-from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline, lane_sends
+from .sparse_eval import sparse_matmul
+from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
 
 __all__ = ["ReferenceMachine", "execute", "time_patterns", "MAX_PES"]
 
 MAX_PES = 64 * 64
-"""The largest mesh the reference executor takes (it is meant for about 32x32)."""
+"""The largest mesh the reference executor takes (it is meant for meshes up to about 32x32)."""
 
 
-@dataclass
-class _Value:
-    """A value as its producer's PEs hold it: when each message can leave, and the data."""
+class _When:
+    """A cycle not known yet: callbacks wait for it."""
 
-    name: str
-    features: int
-    lanes: int
-    rows: int
-    block: int
-    wave: list[int]  # wavelets per message, per block
-    east: int  # the column messages leave from (-1: the host)
-    ready: list[list[int]]  # [block][feature]: when the message's head can leave the edge
-    tensor: torch.Tensor
+    __slots__ = ("t", "_waiting")
 
-    def __post_init__(self) -> None:
-        bounds = lane_bounds(self.features, self.lanes)
-        self.bounds = bounds.tolist()
-        # zeros filtered at the sender, from the PEs' own data, by the rule both executors send by
-        self.flags = _live(self.tensor, self.block, len(self.wave), self.features)
-        self.live = None if self.flags is None else self.flags.tolist()
-        self.sends = lane_sends(torch.tensor(self.wave, dtype=torch.int64), self.flags, bounds).tolist()
+    def __init__(self) -> None:
+        self.t: int | None = None
+        self._waiting: list[Callable[[int], None]] = []
 
-    def last(self, f: int) -> int:
-        """The last feature of ``f``'s lane: its message carries the lane's end-of-block mark."""
-        return self.bounds[self.lane(f) + 1] - 1
+    def set(self, t: int) -> None:
+        self.t = t
+        waiting, self._waiting = self._waiting, []
+        for fn in waiting:
+            fn(t)
 
-    def lane(self, f: int) -> int:
-        """The lane (mesh row) feature ``f`` travels on."""
-        return bisect.bisect_right(self.bounds, f) - 1
-
-    def cover(self, q: int, b: int, rows: int, streams: bool) -> range:
-        """The blocks of this value that a reader's block ``q`` of ``b`` rows (of ``rows``) needs."""
-        if not streams or rows != self.rows:
-            return range(len(self.wave))
-        lo, hi = q * b, min((q + 1) * b, rows) - 1
-        return range(lo // self.block, hi // self.block + 1)
+    def then(self, fn: Callable[[int], None]) -> None:
+        if self.t is None:
+            self._waiting.append(fn)
+        else:
+            fn(self.t)
 
 
-def _live(tensor: torch.Tensor, block: int, blocks: int, features: int) -> torch.Tensor | None:
-    """``[blocks, features]``: whether message ``(q, f)`` of a value holds a nonzero (None: empty value)."""
-    if tensor.numel() == 0 or features == 0:
-        return None
-    return sized(blocked((tensor != 0).reshape(-1, features), block), blocks, features)
+class _Join:
+    """The latest of ``count`` cycles (no earlier than ``floor``); ``then(latest)`` once all have come."""
+
+    __slots__ = ("left", "t", "then")
+
+    def __init__(self, count: int, floor: int, then: Callable[[int], None]) -> None:
+        self.left, self.t, self.then = count, floor, then
+
+    def note(self, t: int) -> None:
+        self.t = max(self.t, t)
+        self.left -= 1
+        if self.left == 0:
+            self.then(self.t)
 
 
 def _sizes(rows: int, b: int) -> list[int]:
@@ -119,23 +116,28 @@ def _sizes(rows: int, b: int) -> list[int]:
     return [b] * (n - 1) + [rows - b * (n - 1)]
 
 
-def _fifo(tasks: list[tuple[int, int, int, int]]) -> list[int]:
-    """Finish of each ``(arrival, order, pe, cost)`` task, each PE running its tasks in arrival order."""
-    finish = [0] * len(tasks)
-    free: dict[int, int] = {}
-    for i in sorted(range(len(tasks)), key=lambda i: (tasks[i][0], tasks[i][1])):
-        arrival, _, pe, cost = tasks[i]
-        start = max(arrival, free.get(pe, arrival))
-        free[pe] = finish[i] = start + cost
-    return finish
+def _lanes(kernel: Kernel, features: int) -> int:
+    given = kernel.attrs.get("lanes", kernel.region.height)
+    return max(1, min(int(given), features, kernel.region.height))
+
+
+class _Run:
+    """One kernel's run: when it started, what it waits for, and its outgoing messages."""
+
+    def __init__(self, k: Kernel, t0: int, load: tuple[int, int] | None, out: Sent) -> None:
+        self.k, self.t0, self.load, self.out = k, t0, load, out
+        self.left = 0  # outgoing messages not yet at the region's edge
+        self.end = t0
+        self.first: int | None = None  # the first task's arrival
+        self.latest: dict[str, int] = {}  # per input: its last message's arrival
+        self.fields: dict[str, Any] = {}  # the rest of the KernelTime
 
 
 class ReferenceMachine:
-    """The mesh of ``runtime/cost.py`` played message by message (module docstring): kernel by kernel in
-    program order (``run``), each PE computing its values from its own data, each message booked on
-    every link it crosses (``runtime/links.py``), each PE's tasks run one at a time in arrival order, in
-    plain loops over messages and tasks. It is the definition that ``FastClock`` (``runtime/fast.py``),
-    which evaluates the same rules vectorized over PEs and messages, is checked against.
+    """The mesh played event by event (module docstring): one ``Events`` queue for the whole program,
+    the ``Fabric``'s links, the PEs' ``Cores``, and each kernel's tasks, joins and messages. It is the
+    definition that ``FastClock`` (``runtime/fast.py``), which evaluates the same rules vectorized over
+    PEs and messages, is checked against.
 
     With ``patterns`` (``time_patterns``) it only times: each value stands in as its zero pattern (1
     where the value is nonzero), so the same rules filter the same zeros without computing."""
@@ -151,102 +153,58 @@ class ReferenceMachine:
         self.hw = program.hardware
         self.hop = self.hw.hop_cycles
         self.streaming = program.mode == "streaming"
-        self.links = Links()
-        self.values: dict[str, _Value] = {}
-        self.paths: dict[tuple, list[int]] = {}
-        self.flows: dict[str, Flow] = {}
-        self.t0 = 0
-        self.prev_start = self.prev_end = self.loader_free = 0
+        self.ev = Events()
+        self.fabric = Fabric(self.ev)
+        self.cores = Cores(self.ev)
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.values: dict[str, Sent] = {}
+        self.times: dict[str, KernelTime] = {}
+        self.output_done: dict[str, int] = {}
+        self.loader_free = 0
+        row0: dict[str, int] = {}
+        self.journeys = Journeys(self.ev, self.fabric, self.hop, self.streaming, row0)
+        self._compute(inputs)
+        color = 0
         for s in program.inputs:
+            if s.name in self.tensors:
+                self._host_value(s.name, s.shape, s.dtype, color)
+                row0[s.name] = 0
+                color += 1
+        for k in program.kernels:
+            self.values[k.name] = self._sent(k, color)
+            row0[k.name] = k.region.y
+            color += 1
+        self.reduce_color = {k.name: color + i for i, k in enumerate(program.kernels)}
+
+    # -- values: what the PEs compute (they do not depend on timing) ---------------------------------
+
+    def _compute(self, inputs: dict[str, torch.Tensor]) -> None:
+        for s in self.p.inputs:
             if s.name in inputs:
-                self._host_value(s.name, s.shape, s.dtype, inputs[s.name])
+                self.tensors[s.name] = (
+                    inputs[s.name] if self.patterns is None else self._stand_in(s.name, s.shape)
+                )
+        with torch.no_grad():
+            for k in self.p.kernels:
+                if self.patterns is not None:
+                    self.tensors[k.name] = self._stand_in(k.name, k.shape)
+                    continue
+                args = [self.tensors[n] for n in k.inputs]
+                self.tensors[k.name] = (
+                    self._sparse_value(k, args) if k.op == "sparse_matmul" else apply(self.p, k, args)
+                )
 
-    # -- values and messages ------------------------------------------------------------------------
+    def _sparse_value(self, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
+        arrays = {role: self.p.arrays[name] for role, name in k.arrays.items()}
+        r = k.region
+        lanes = _lanes(k, int(k.attrs["out_features"]))
 
-    def _host_value(self, name: str, shape: tuple[int, ...], dtype: str, tensor: torch.Tensor) -> None:
-        f, rows = features_of(shape), rows_of(shape)
-        lanes = max(1, min(self.p.mesh.height, f))
-        stretch = max(1.0, lanes / self.hw.host_wavelets_per_cycle)
-        wave = math.ceil(wavelets(rows, dtype, self.hw) * stretch)
-        self._keep(_Value(name, f, lanes, rows, max(rows, 1), [wave], -1, [[0] * f], tensor), dtype)
+        def product(s: Any, x: torch.Tensor) -> torch.Tensor:
+            return route_product(s, x, r.width, r.height, lanes)
 
-    def _keep(self, v: _Value, dtype: str) -> None:
-        self.values[v.name] = v
-        ready = torch.tensor(v.ready, dtype=torch.int64).reshape(len(v.wave), v.features)
-        wave = torch.tensor(v.wave, dtype=torch.int64)
-        live = v.flags
-        flow = Flow(v.name, dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, live)
-        self.flows[v.name] = flow
-
-    def _head(self, v: _Value, reader: str, q: int, f: int, x: int, floor: int) -> int:
-        """When the head of message ``(q, f)`` of ``v`` reaches column ``x`` on its lane row.
-
-        Pipelined: east from the producer's edge, one route shared by every reader. Streaming: west
-        to column 0, then east, sent again for each reader no earlier than ``floor`` (its step).
-        """
-        e, row = v.east, v.lane(f)
-        if not self.streaming and x <= e:
-            return v.ready[q][f] + self.hop  # a reader on the producer's own columns
-        key = (v.name, reader if self.streaming else "", q, f)
-        times = self.paths.get(key)
-        if times is None:
-            start = max(v.ready[q][f], floor) if self.streaming else v.ready[q][f]
-            # the sender puts one wavelet per cycle on its lane, even to a reader on its own PE
-            times = self.paths[key] = [self.links.book((e, row, "R"), start, v.sends[q][f])]
-        index = (x + 1 if e < 0 else e + x) if self.streaming else x - e  # hops from the start
-        while len(times) <= index:
-            i = len(times) - 1
-            if self.streaming and e >= 0 and i < e:
-                link = (e - i, row, "W")
-            else:
-                link = ((i - e if self.streaming and e >= 0 else e + i), row, "E")
-            times.append(self.links.book(link, times[-1], v.sends[q][f]) + self.hop)
-        return times[index]
-
-    def arrival(self, v: _Value, reader: str, q: int, f: int, x: int, y: int, floor: int) -> int:
-        """When message ``(q, f)`` of ``v`` has wholly arrived at PE ``(x, y)``; for a message the sender
-        filtered (all zero), when the PE learns so: its lane's end-of-block mark, the last wavelet of the
-        lane's last message (or a lone control wavelet), reaches it."""
-        if not v.sends[q][f]:
-            last = v.last(f)
-            t = self._head(v, reader, q, last, x, floor) + v.sends[q][last]
-            return t + abs(y - v.lane(f)) * self.hop
-        t = self._head(v, reader, q, f, x, floor)
-        row = v.lane(f)
-        if y != row:
-            key = (v.name, reader if self.streaming else "", q, f, x, "S" if y > row else "N")
-            times = self.paths.get(key)
-            if times is None:
-                times = self.paths[key] = [t]
-            step = 1 if y > row else -1
-            while len(times) <= abs(y - row):
-                yy = row + step * (len(times) - 1)
-                link = (x, yy, "S" if step > 0 else "N")
-                times.append(self.links.book(link, times[-1], v.sends[q][f]) + self.hop)
-            t = times[abs(y - row)]
-        return t + v.sends[q][f]
-
-    # -- kernels ------------------------------------------------------------------------------------
-
-    def run(self, k: Kernel) -> KernelTime:
-        t0, load = self._begin(k)
-        self.t0 = t0
-        inputs = [self.values[n].tensor for n in k.inputs]
-        if k.op == "sparse_matmul":
-            kt, value = self._sparse(k, t0, inputs)
-        elif k.op == "constant":
-            kt, value = self._constant(k, t0, inputs)
-        else:
-            kt, value = self._dense(k, t0, inputs)
-        kt.load = load
-        self._keep(value, k.dtype)
-        if self.patterns is not None:
-            value.tensor = self._stand_in(k.name, k.shape)  # the next kernels read the pattern
-        if self.streaming:
-            self.prev_start, self.prev_end = kt.start, kt.end
-            if load is not None and load[1] >= max(kt.start, 1) and kt.waits_on != "previous":
-                kt.waits_on = "load"
-        return kt
+        where = f"kernel {k.name!r} ({k.op})"
+        out = sparse_matmul(arrays, k.attrs, (r.width, r.height), inputs[0], k.shape, where, product)
+        return out.to(DTYPES[k.dtype])
 
     def _stand_in(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Timing only: 1.0 where value ``name`` is nonzero (every element, when its pattern is unknown)."""
@@ -256,269 +214,320 @@ class ReferenceMachine:
             return torch.ones(shape)
         return seen.reshape(shape).to(torch.float32)
 
-    def _result(self, k: Kernel, compute: Any) -> torch.Tensor:
-        """A kernel's result: computed on its PEs, or its stand-in when only timing."""
-        return compute() if self.patterns is None else self._stand_in(k.name, k.shape)
+    def _host_value(self, name: str, shape: tuple[int, ...], dtype: str, color: int) -> None:
+        f, rows = features_of(shape), rows_of(shape)
+        lanes = max(1, min(self.p.mesh.height, f))
+        stretch = max(1.0, lanes / self.hw.host_wavelets_per_cycle)
+        wave = math.ceil(wavelets(rows, dtype, self.hw) * stretch)
+        tensor = self.tensors[name]
+        self.values[name] = Sent(
+            name, dtype, f, lanes, rows, max(rows, 1), [wave], -1, color, tensor, [[0] * f]
+        )
 
-    def _begin(self, k: Kernel) -> tuple[int, tuple[int, int] | None]:
+    def _sent(self, k: Kernel, color: int) -> Sent:
+        f = features_of(k.shape)
+        b = block_rows(k)
+        wave = [wavelets(n, k.dtype, self.hw) for n in _sizes(rows_of(k.shape), b)]
+        east = k.region.x + k.region.width - 1
+        return Sent(
+            k.name, k.dtype, f, _lanes(k, f), rows_of(k.shape), b, wave, east, color, self.tensors[k.name]
+        )
+
+    # -- the play ------------------------------------------------------------------------------------
+
+    def play(self) -> Timeline:
+        """Every kernel and message of the program on one event queue; the ``Timeline``."""
+        kernels = self.p.kernels
+        for name in self.p.outputs:
+            self._to_host(self.values[name])
+        if self.streaming:
+            if kernels:
+                self._begin(0, 0, 0)
+        else:
+            for k in kernels:
+                self._start(k, 0, None)
+        for s in self.p.inputs:  # program inputs leave the host at once (pipelined; and to the host)
+            v = self.values.get(s.name)
+            if v is not None:
+                for q in range(v.blocks):
+                    for f in range(v.features):
+                        self._ready(v, q, f, 0)
+        self.ev.run()
+        missing = [k.name for k in kernels if k.name not in self.times]
+        if missing:
+            raise EmulationError(f"the reference machine stalled: kernel {missing[0]!r} never finished")
+        times = [self.times[k.name] for k in kernels]
+        done = {name: self.output_done.get(name, 0) for name in self.p.outputs}
+        cycles = max([kt.end for kt in times] + list(done.values()) + [0])
+        flows = {name: self._flow(v) for name, v in self.values.items()}
+        return Timeline(times, flows, cycles, done)
+
+    def _flow(self, v: Sent) -> Flow:
+        ready = torch.tensor(v.ready, dtype=torch.int64).reshape(v.blocks, v.features).clamp(min=0)
+        wave = torch.tensor(v.wave, dtype=torch.int64)
+        return Flow(v.name, v.dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, v.flags)
+
+    def _to_host(self, v: Sent) -> None:
+        """Every message of output ``v`` goes on past the mesh's east edge to the host."""
+        key = "" if not self.streaming else "host"
+        width = self.p.mesh.width
+
+        def arrived(t: int) -> None:
+            self.output_done[v.name] = max(self.output_done.get(v.name, 0), t)
+
+        for q in range(v.blocks):
+            for f in range(v.features):
+                self.journeys.need(v, key, q, f, width, self.journeys.row(v, f), arrived)
+
+    def _ready(self, v: Sent, q: int, f: int, t: int) -> None:
+        """Message ``(q, f)`` of ``v`` can leave its producer's edge at ``t``."""
+        v.ready[q][f] = t
         if not self.streaming:
-            return 0, None
-        begin = max(self.loader_free, self.prev_start)
+            self.journeys.launch(v, "", q, f, t)
+        else:
+            self.journeys.launch(v, "host", q, f, t)
+
+    def _begin(self, i: int, prev_start: int, prev_end: int) -> None:
+        """Streaming: kernel ``i`` loads its weights from when the kernel before started (the loader
+        permitting) and starts when both that kernel has ended and its weights are in."""
+        k = self.p.kernels[i]
+        begin = max(self.loader_free, prev_start)
         done = begin + load_cycles(weight_bytes(self.p, k), self.hw)
         self.loader_free = done
-        return max(self.prev_end, done), (begin, done)
+        t0 = max(prev_end, done)
+        self.ev.at(t0, self._start, k, t0, (begin, done))
 
-    def _waits(self, latest: dict[str, int], t0: int) -> str | None:
-        if not latest:
-            return "previous" if self.streaming and t0 > 0 else None
-        name, when = max(latest.items(), key=lambda kv: kv[1])
-        return "previous" if self.streaming and t0 >= when else name
+    def _start(self, k: Kernel, t0: int, load: tuple[int, int] | None) -> None:
+        run = _Run(k, t0, load, self.values[k.name])
+        if k.op == "sparse_matmul":
+            self._sparse(run)
+        elif k.op == "constant":
+            self._constant(run)
+        else:
+            self._dense(run)
+        if self.streaming:  # stored values go again, from their producers, in this kernel's step
+            for name in dict.fromkeys(k.inputs):
+                v = self.values[name]
+                for q, f in self.journeys.needed(v, k.name):
+                    assert v.ready[q][f] >= 0, (name, q, f)
+                    self.journeys.launch(v, k.name, q, f, max(v.ready[q][f], t0))
+        if run.left == 0:
+            self.ev.at(t0, self._end, run)
 
-    def _blocks(self, k: Kernel) -> tuple[int, list[int], list[int]]:
-        b = block_rows(k)
-        sizes = _sizes(rows_of(k.shape), b)
-        return b, sizes, [wavelets(n, k.dtype, self.hw) for n in sizes]
+    def _key(self, k: Kernel) -> str:
+        return k.name if self.streaming else ""
 
-    def _gather(
-        self, k: Kernel, v: _Value, needs: dict[tuple[int, int], list[tuple[int, int]]], t0: int
-    ) -> dict[tuple[int, int, int, int], int]:
-        """Arrivals ``(q, f, x, y) -> cycle`` of the messages a kernel needs, booked first come first
-        served: ``needs[(q, f)]`` lists the PEs that need message ``(q, f)`` of ``v``."""
-        out = {}
-        for q, f in sorted(needs, key=lambda m: (v.ready[m[0]][m[1]], m)):
-            for x, y in needs[(q, f)]:
-                out[(q, f, x, y)] = max(self.arrival(v, k.name, q, f, x, y, t0), t0)
-        return out
-
-    def _egress(
-        self,
-        k: Kernel,
-        ready: dict[tuple[int, int], tuple[int, int]],
-        sizes: list[int],
-        wave: list[int],
-        flags: torch.Tensor | None,
-    ) -> list[list[int]]:
-        """``ready[(q, f)] = (cycle, column)``: each result from its column east along its lane row to
-        the region's edge, first come first served (an all-zero one is not sent: ``flags``, ``_live``);
-        returns ``[block][feature]`` edge times."""
-        live = None if flags is None else flags.tolist()
-        f_all = features_of(k.shape)
-        lanes = _lanes(k, f_all)
-        bounds = lane_bounds(f_all, lanes).tolist()
+    def _leave(self, run: _Run, q: int, f: int, t: int, x: int) -> None:
+        """Result ``(q, f)`` of ``run``'s kernel is at column ``x`` at ``t``: east along its lane to the
+        region's edge (nothing on the links when it is all zero), then off to its readers."""
+        v, k = run.out, run.k
+        row = k.region.y + v.lane(f)
         east = k.region.x + k.region.width - 1
-        edge = [[0] * f_all for _ in sizes]
-        for (q, f), (t, x) in sorted(ready.items(), key=lambda kv: (kv[1][0], kv[0])):
-            row = k.region.y + bisect.bisect_right(bounds, f) - 1
-            sends = wave[q] if live is None or live[q][f] else 0
-            for c in range(x, east):
-                t = self.links.book((c, row, "E"), t, sends) + self.hop
-            edge[q][f] = t
-        return edge
+        sends = v.wave[q] if v.live is None or v.live[q][f] else 0
 
-    def _value(
-        self, k: Kernel, b: int, wave: list[int], edge: list[list[int]], tensor: torch.Tensor
-    ) -> _Value:
-        f = features_of(k.shape)
-        east = k.region.x + k.region.width - 1
-        return _Value(k.name, f, _lanes(k, f), rows_of(k.shape), b, wave, east, edge, tensor)
+        def step(c: int, t: int) -> None:
+            if c >= east:
+                self._ready(v, q, f, t)
+                run.end = max(run.end, t + v.wave[q])
+                run.left -= 1
+                if run.left == 0:
+                    self._end(run)
+                return
+            self.fabric.request((c, row, "E"), t, sends, v.color, lambda g: step(c + 1, g + self.hop))
 
-    def _end(self, edge: list[list[int]], wave: list[int], t0: int) -> int:
-        return max([max(row) + w for row, w in zip(edge, wave) if row] + [t0])
+        step(x, t)
 
-    def _constant(self, k: Kernel, t0: int, inputs: list[torch.Tensor]) -> tuple[KernelTime, _Value]:
-        b, sizes, wave = self._blocks(k)
-        f = features_of(k.shape)
-        edge = [[t0] * f for _ in sizes]
+    def _end(self, run: _Run) -> None:
+        k = run.k
+        if k.name in self.times:
+            return
+        kt = KernelTime(k.name, k.op, run.first if run.first is not None else run.t0, run.end, **run.fields)
+        kt.load = run.load
+        latest = run.latest
+        if latest:
+            name, when = max(latest.items(), key=lambda kv: kv[1])
+            kt.waits_on = "previous" if self.streaming and run.t0 >= when else name
+        else:
+            kt.waits_on = "previous" if self.streaming and run.t0 > 0 else None
+        if (
+            self.streaming
+            and run.load is not None
+            and run.load[1] >= max(kt.start, 1)
+            and kt.waits_on != "previous"
+        ):
+            kt.waits_on = "load"
+        self.times[k.name] = kt
+        if self.streaming:
+            i = next(i for i, kk in enumerate(self.p.kernels) if kk.name == k.name)
+            if i + 1 < len(self.p.kernels):
+                self._begin(i + 1, kt.start, kt.end)
+
+    def _arrive(self, run: _Run, name: str, t: int) -> None:
+        run.latest[name] = max(run.latest.get(name, t), t)
+
+    # -- kernels -------------------------------------------------------------------------------------
+
+    def _constant(self, run: _Run) -> None:
+        k, v = run.k, run.out
         zeros = torch.zeros(k.region.pes, dtype=torch.int64)
-        end = self._end(edge, wave, t0)
-        kt = KernelTime(k.name, k.op, t0, end, zeros, zeros.clone(), len(sizes))
-        return kt, self._value(k, b, wave, edge, self._result(k, lambda: apply(self.p, k, inputs)))
+        run.fields = {"busy": zeros, "overhead": zeros.clone(), "blocks": v.blocks}
+        for q in range(v.blocks):
+            for f in range(v.features):
+                self.ev.at(run.t0, self._ready, v, q, f, run.t0)  # after every reader has said what it needs
+                run.end = max(run.end, run.t0 + v.wave[q])
 
-    def _dense(self, k: Kernel, t0: int, inputs: list[torch.Tensor]) -> tuple[KernelTime, _Value]:
-        hw, r = self.hw, k.region
-        b, sizes, wave = self._blocks(k)
-        f_all = features_of(k.shape)
-        lanes = _lanes(k, f_all)
-        bounds = lane_bounds(f_all, lanes).tolist()
+    def _dense(self, run: _Run) -> None:
+        k, v, hw, r, t0 = run.k, run.out, self.hw, run.k.region, run.t0
+        f_all, blocks = v.features, v.blocks
+        sizes = _sizes(v.rows, v.block)
+        bounds = lane_bounds(f_all, v.lanes).tolist()
         place = []  # (x, y, local pe) of each feature's tasks
         for f in range(f_all):
             lane = bisect.bisect_right(bounds, f) - 1
             rank = f - bounds[lane]
             place.append((r.x + rank % r.width, r.y + lane, lane * r.width + rank % r.width))
-        arr = [[t0] * f_all for _ in sizes]
-        heard = [[False] * f_all for _ in sizes]  # some input message of the task holds data
-        latest: dict[str, int] = {}
         rows = rows_of(k.shape)
+        sources = []  # (value, streams, src feature of each feature)
         for name in dict.fromkeys(k.inputs):
-            v = self.values[name]
-            if v.features == 0:  # an empty value (a cat's empty cache, say) sends no message
+            src = self.values[name]
+            if src.features == 0:  # an empty value (a cat's empty cache, say) sends no message
                 continue
-            streams = row_streaming(self.p, k, name)
-            needs: dict[tuple[int, int], list[tuple[int, int]]] = {}
-            src = [min(f * v.features // max(f_all, 1), v.features - 1) for f in range(f_all)]
-            for q in range(len(sizes)):
+            picks = [min(f * src.features // max(f_all, 1), src.features - 1) for f in range(f_all)]
+            sources.append((src, row_streaming(self.p, k, name), picks))
+        heard = torch.zeros((blocks, f_all), dtype=torch.bool)
+        for src, streams, picks in sources:
+            for q in range(blocks):
                 for f in range(f_all):
-                    for qs in v.cover(q, b, rows, streams):
-                        needs.setdefault((qs, src[f]), []).append(place[f][:2])
-            got = self._gather(k, v, needs, t0)
-            for q in range(len(sizes)):
-                for f in range(f_all):
-                    x, y, _ = place[f]
-                    covered = v.cover(q, b, rows, streams)
-                    arr[q][f] = max(arr[q][f], max(got[(qs, src[f], x, y)] for qs in covered))
-                    heard[q][f] |= any(v.live is None or v.live[qs][src[f]] for qs in covered)
-            latest[name] = max(max(row) for row in arr)
-        result = self._result(k, lambda: apply(self.p, k, inputs))
-        out_live = _live(result, b, len(sizes), f_all)
-        idle = idle_tasks(k.op, torch.tensor(heard), out_live)
-        ops = ops_per_element(self.p, k)
-        cost = [task_cycles(ops, n, k.dtype, hw) for n in sizes]
-        tasks = [
-            (arr[q][f], q * f_all + f, place[f][2], 0 if idle is not None and idle[q, f] else cost[q])
-            for q in range(len(sizes))
-            for f in range(f_all)
-        ]
-        finish = [t if c else a for (a, _, _, c), t in zip(tasks, _fifo(tasks))]  # a task left out: none
+                    heard[q, f] |= any(
+                        src.live is None or src.live[qs][picks[f]]
+                        for qs in src.cover(q, v.block, rows, streams)
+                    )
+        idle = idle_tasks(k.op, heard, v.flags)
+        cost = [task_cycles(ops_per_element(self.p, k), n, k.dtype, hw) for n in sizes]
         busy = torch.zeros(r.pes, dtype=torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64)
-        for _, _, pe, c in tasks:
-            busy[pe] += c
-            overhead[pe] += hw.task_start_cycles if c else 0
         extra = 0
-        if k.op in REDUCING_STATS and lanes > 1:  # the statistics' all-reduce across the lanes
-            extra = 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
-        ready = {}
-        for q in range(len(sizes)):
-            fins = finish[q * f_all : (q + 1) * f_all]
-            barrier = max(fins) + extra if extra else None
+        if k.op in REDUCING_STATS and v.lanes > 1:  # the statistics' all-reduce across the lanes
+            extra = 2 * ((v.lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
+        run.fields = {"busy": busy, "overhead": overhead, "blocks": blocks, "messages": blocks * f_all}
+        run.left = blocks * f_all
+        for q in range(blocks):
+            barrier = _Join(
+                f_all,
+                0,
+                lambda t, q=q: [self._leave(run, q, f, t + extra, place[f][0]) for f in range(f_all)],
+            )
             for f in range(f_all):
-                ready[(q, f)] = (barrier if barrier is not None else fins[f], place[f][0])
-        edge = self._egress(k, ready, sizes, wave, out_live)
-        start = min(min(row) for row in arr) if arr else t0
-        kt = KernelTime(
-            k.name,
-            k.op,
-            start,
-            self._end(edge, wave, t0),
-            busy,
-            overhead,
-            len(sizes),
-            messages=len(sizes) * f_all,
-            waits_on=self._waits(latest, t0),
-        )
-        return kt, self._value(k, b, wave, edge, result)
+                c = 0 if idle is not None and idle[q, f] else cost[q]
+                busy[place[f][2]] += c
+                overhead[place[f][2]] += hw.task_start_cycles if c else 0
 
-    def _sparse(self, k: Kernel, t0: int, inputs: list[torch.Tensor]) -> tuple[KernelTime, _Value]:
-        hw, r = self.hw, k.region
-        kind = k.attrs.get("kind")
-        conv = kind in ("conv1d", "conv2d")
-        seen: list[torch.Tensor] = []
+                def finish(t: int, q: int = q, f: int = f, barrier: _Join = barrier) -> None:
+                    if extra:
+                        barrier.note(t)
+                    else:
+                        self._leave(run, q, f, t, place[f][0])
 
-        def pe_product(s: Slices, x: torch.Tensor) -> torch.Tensor:
-            seen.append(x)
-            return _pe_product(s, x)
+                def arrived(a: int, q: int = q, f: int = f, c: int = c, done: Callable = finish) -> None:
+                    run.first = a if run.first is None else min(run.first, a)
+                    if c:
+                        self.cores.submit(place[f][:2], a, q * f_all + f, c, done)
+                    else:
+                        done(a)  # a task left out: none runs
 
-        def compute() -> torch.Tensor:
-            arrays = {role: self.p.arrays[name] for role, name in k.arrays.items()}
-            where = f"kernel {k.name!r} ({k.op})"
-            out = sparse_matmul(arrays, k.attrs, (r.width, r.height), inputs[0], k.shape, where, pe_product)
-            return out.to(DTYPES[k.dtype])
+                count = sum(len(src.cover(q, v.block, rows, streams)) for src, streams, _ in sources)
+                join = _Join(count, t0, arrived)
+                if count == 0:
+                    self.ev.at(t0, arrived, t0)
+                x, y = place[f][:2]
+                for src, streams, picks in sources:
+                    for qs in src.cover(q, v.block, rows, streams):
+                        self.journeys.need(
+                            src, self._key(k), qs, picks[f], x, y, self._noting(run, src.name, join)
+                        )
 
-        result = self._result(k, compute)
+    def _noting(self, run: _Run, name: str, join: _Join) -> Callable[[int], None]:
+        def arrived(t: int) -> None:
+            self._arrive(run, name, max(t, run.t0))
+            join.note(t)
+
+        return arrived
+
+    def _sparse(self, run: _Run) -> None:
+        k, out, hw, r, t0 = run.k, run.out, self.hw, run.k.region, run.t0
+        conv = k.attrs.get("kind") in ("conv1d", "conv2d")
         s = layout(self.p, k)
-        if self.patterns is not None and not conv:  # the input columns as the PEs would see them
-            seen.append(inputs[0].reshape(-1, s.in_features))
-        b, sizes, wave = self._blocks(k)
-        blocks = len(sizes)
+        b, blocks = out.block, out.blocks
+        sizes = _sizes(out.rows, b)
         v = self.values[k.inputs[0]]
-        streams = row_streaming(self.p, k, v.name)
+        streams = row_streaming(self.p, k, v.name) and not conv
         rows = rows_of(k.shape)
-        widths = (s.in_hi - s.in_lo).tolist()
-        in_lo = s.in_lo.tolist()
-        counts = s.counts.tolist()
-        columns = []  # per PE: [(input feature, nonzeros)]
-        at = 0
+        if conv:
+            sent = [[True] * s.in_features for _ in range(blocks)]
+        else:
+            x2d = self.tensors[v.name].reshape(-1, s.in_features) != 0
+            sent = [x2d[q * b : q * b + n].any(dim=0).tolist() for q, n in enumerate(sizes)]
+        widths, in_lo, counts = (s.in_hi - s.in_lo).tolist(), s.in_lo.tolist(), s.counts.tolist()
+        columns, at = [], 0  # per PE: [(input feature, nonzeros)]
         for pe in range(r.pes):
             columns.append([(in_lo[pe] + c, counts[at + c]) for c in range(widths[pe])])
             at += widths[pe]
-        if conv or not seen:
-            sent = [[True] * s.in_features for _ in range(blocks)]
-        else:
-            x2d = torch.cat(seen) != 0
-            sent = [x2d[q * b : q * b + n].any(dim=0).tolist() for q, n in enumerate(sizes)]
-        # the messages each PE needs, by block: (x, y) per (source block, feature)
-        needs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        busy = torch.zeros(r.pes, dtype=torch.int64)
+        overhead = torch.zeros(r.pes, dtype=torch.int64)
+        axpys = skipped_axpys = 0
+        ran = set()
         for pe in range(r.pes):
-            x, y = r.coords(pe)
-            for j, _ in columns[pe]:
-                f = v.features - 1 if conv else j
-                for q in range(blocks):
-                    for qs in v.cover(q, b, rows, streams and not conv):
-                        needs.setdefault((qs, f), []).append((x, y))
-        got = self._gather(k, v, needs, t0)
-        tasks, where_task = [], []
-        barrier = [[t0] * blocks for _ in range(r.pes)]
-        skipped = skipped_axpys = axpys = 0
+            for q in range(blocks):
+                for j, n in columns[pe]:
+                    if not sent[q][j]:
+                        skipped_axpys += n
+                    elif n:
+                        busy[pe] += n * axpy_cycles(sizes[q], k.dtype, hw)
+                        overhead[pe] += n * hw.task_start_cycles
+                        axpys += n
+                        ran.add(q)
+        run.fields = {
+            "busy": busy,
+            "overhead": overhead,
+            "blocks": blocks,
+            "messages": sum(1 for q in range(blocks) for j in range(s.in_features) if sent[q][j]),
+            "skipped": sum(1 for q in range(blocks) for j in range(s.in_features) if not sent[q][j]),
+            "axpys": axpys,
+            "skipped_axpys": skipped_axpys,
+        }
+        done = [[_When() for _ in range(blocks)] for _ in range(r.pes)]
+        self._reduce(run, s, done, [w if q in ran else 0 for q, w in enumerate(out.wave)], conv)
         for pe in range(r.pes):
             x, y = r.coords(pe)
             for q in range(blocks):
+                tasks = sum(1 for j, n in columns[pe] if sent[q][j] and n)
+                barrier = _Join(len(columns[pe]) + tasks + (q > 0), t0, done[pe][q].set)
+                if q > 0:
+                    done[pe][q - 1].then(barrier.note)
+                if barrier.left == 0:
+                    self.ev.at(t0, done[pe][q].set, t0)
                 for j, n in columns[pe]:
                     f = v.features - 1 if conv else j
-                    a = max(got[(qs, f, x, y)] for qs in v.cover(q, b, rows, streams and not conv))
-                    barrier[pe][q] = max(barrier[pe][q], a)
-                    if not sent[q][j]:
-                        skipped_axpys += n
-                        continue
-                    if n:
-                        tasks.append((a, q * s.in_features + j, pe, n * axpy_cycles(sizes[q], k.dtype, hw)))
-                        where_task.append((pe, q, n))
-                        axpys += n
-        skipped = sum(1 for q in range(blocks) for j in range(s.in_features) if not sent[q][j])
-        finish = _fifo(tasks)
-        busy = torch.zeros(r.pes, dtype=torch.int64)
-        overhead = torch.zeros(r.pes, dtype=torch.int64)
-        done = barrier
-        for (pe, q, n), (_, _, _, c), t in zip(where_task, tasks, finish):
-            busy[pe] += c
-            overhead[pe] += n * hw.task_start_cycles
-            done[pe][q] = max(done[pe][q], t)
-        for pe in range(r.pes):  # a PE finishes its blocks in order
-            for q in range(1, blocks):
-                done[pe][q] = max(done[pe][q], done[pe][q - 1])
-        ran = {q for _, q, _ in where_task}  # a block no task ran in has only zero partial sums: none is sent
-        ready, bus = self._reduce(k, s, done, [w if q in ran else 0 for q, w in enumerate(wave)])
-        if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
-            last = {
-                q: max((t for (qq, _), (t, _) in ready.items() if qq == q), default=t0) for q in range(blocks)
-            }
-            east = r.x + r.width - 1
-            ready = {(q, f): (last[q], east) for q in range(blocks) for f in range(features_of(k.shape))}
-        edge = self._egress(k, ready, sizes, wave, _live(result, b, blocks, features_of(k.shape)))
-        arrived = [t for t, *_ in tasks]
-        latest = {v.name: max(got.values())} if got else {}
-        kt = KernelTime(
-            k.name,
-            k.op,
-            min(arrived) if arrived else (min(got.values()) if got else t0),
-            self._end(edge, wave, t0),
-            busy,
-            overhead,
-            blocks,
-            messages=sum(1 for q in range(blocks) for j in range(s.in_features) if sent[q][j]),
-            skipped=skipped,
-            axpys=axpys,
-            skipped_axpys=skipped_axpys,
-            waits_on=self._waits(latest, t0),
-            bus=bus,
-        )
-        return kt, self._value(k, b, wave, edge, result)
+                    cover = v.cover(q, b, rows, streams)
+                    cost = n * axpy_cycles(sizes[q], k.dtype, hw) if sent[q][j] and n else 0
 
-    def _reduce(
-        self, k: Kernel, s: Any, done: list[list[int]], wave: list[int]
-    ) -> tuple[dict[tuple[int, int], tuple[int, int]], tuple[torch.Tensor, torch.Tensor]]:
-        """Partial sums down and up each column to their lane, then east across the columns that hold
-        the output; returns ``(q, output) -> (cycle, column)`` where each sum leaves its last column."""
-        hw, r = self.hw, k.region
+                    def arrived(
+                        a: int, pe: int = pe, q: int = q, j: int = j, cost: int = cost, bar: _Join = barrier
+                    ) -> None:
+                        bar.note(a)
+                        if cost:
+                            run.first = a if run.first is None else min(run.first, a)
+                            self.cores.submit(r.coords(pe), a, q * s.in_features + j, cost, bar.note)
+
+                    join = _Join(len(cover), t0, arrived)
+                    for qs in cover:
+                        self.journeys.need(v, self._key(k), qs, f, x, y, self._noting(run, v.name, join))
+
+    def _reduce(self, run: _Run, s: Any, done: list[list[_When]], wave: list[int], conv: bool) -> None:
+        """Partial sums down and up each column to their output's lane, merging where a PE holds the same
+        output, then east across the columns that hold it; each sum then leaves for the region's edge."""
+        k, r, out = run.k, run.k.region, run.out
+        color = self.reduce_color[k.name]
         out_f = s.out_features
         lanes = _lanes(k, out_f)
         bounds = lane_bounds(out_f, lanes).tolist()
@@ -531,103 +540,163 @@ class ReferenceMachine:
                 holders.setdefault((cx, (out_lo[pe] + i) % max(out_f, 1)), []).append(cy)
         south = torch.zeros((r.width, r.height), dtype=torch.int64)
         north = torch.zeros((r.width, r.height), dtype=torch.int64)
-        at_lane: dict[tuple[int, int, int], int] = {}
-        chains = []
-        for (cx, o), ys in holders.items():
-            lane = lane_of[o]
-            for q in range(len(wave)):
-                chains.append((min(done[cy * r.width + cx][q] for cy in ys), cx, o, q, sorted(ys), lane))
-        for _, cx, o, q, ys, lane in sorted(chains):
-            x = r.x + cx
-            t_lane = done[lane * r.width + cx][q] if lane in ys else 0
-            for side, rows, step, name in (
-                ("S", [y for y in ys if y < lane], 1, south),
-                ("N", [y for y in ys if y > lane], -1, north),
-            ):
-                if not rows:
+        run.fields["bus"] = (south, north)
+        blocks = out.blocks
+        east = r.x + r.width - 1
+        features = features_of(k.shape)
+        if conv:  # a convolution's channels are not its features: a block leaves when all its sums are in
+            run.left = blocks * features
+            gates = [
+                _Join(0, run.t0, lambda t, q=q: [self._leave(run, q, f, t, east) for f in range(features)])
+                for q in range(blocks)
+            ]
+        else:
+            run.left = blocks * out_f
+        by_output: dict[int, list[int]] = {}
+        for cx, o in holders:
+            by_output.setdefault(o, []).append(cx)
+        for q in range(blocks):
+            at_lane: dict[tuple[int, int], _When] = {}
+            for (cx, o), ys in holders.items():
+                at_lane[(cx, o)] = self._column_sum(
+                    run, color, wave[q], done, cx, sorted(ys), lane_of[o], q, south, north
+                )
+            for o in range(out_f):
+                cols = sorted(by_output.get(o, ()))
+                row = r.y + lane_of[o]
+                then = self._gate(gates[q]) if conv else self._leaving(run, q, o)
+                if not cols:
+                    self.ev.at(run.t0, then, run.t0, east)
                     continue
-                y = rows[0] if step > 0 else rows[-1]
-                t = done[y * r.width + cx][q]
-                while y != lane:
-                    t = self.links.book((x, r.y + y, side), t, wave[q]) + hw.hop_cycles
-                    name[cx, y] += wave[q]
-                    y += step
-                    if y in ys and y != lane:
-                        t = max(t, done[y * r.width + cx][q])
-                t_lane = max(t_lane, t)
-            at_lane[(cx, o, q)] = t_lane
-        ready: dict[tuple[int, int], tuple[int, int]] = {}
-        by_output: dict[tuple[int, int], list[int]] = {}
-        for cx, o, q in at_lane:
-            by_output.setdefault((q, o), []).append(cx)
-        for (q, o), cols in sorted(
-            by_output.items(), key=lambda kv: (min(at_lane[(c, kv[0][1], kv[0][0])] for c in kv[1]), kv[0])
-        ):
-            cols.sort()
-            row = r.y + lane_of[o]
-            t = at_lane[(cols[0], o, q)]
-            for c in range(cols[0], cols[-1]):
-                t = self.links.book((r.x + c, row, "E"), t, wave[q]) + hw.hop_cycles
-                if c + 1 in cols:
-                    t = max(t, at_lane[(c + 1, o, q)])
-            ready[(q, o)] = (t, r.x + cols[-1])
-        return ready, (south, north)
+                self._lane_sum(
+                    color,
+                    wave[q],
+                    [at_lane[(c, o)] for c in cols],
+                    cols,
+                    r.x,
+                    row,
+                    then,
+                )
+        if conv:
+            for g in gates:
+                if g.left == 0:
+                    self.ev.at(run.t0, g.then, run.t0)
 
-    def outputs_done(self) -> dict[str, int]:
-        """When each program output has wholly reached the host past the mesh's east edge."""
-        done = {}
-        width = self.p.mesh.width
-        for name in self.p.outputs:
-            v = self.values[name]
-            last = 0
-            for q, row in enumerate(v.ready):
-                for f in range(len(row)):
-                    last = max(last, self._head(v, "host", q, f, width, row[f]) + v.wave[q])
-            done[name] = last
-        return done
+    def _gate(self, gate: _Join) -> Callable[[int, int], None]:
+        gate.left += 1
+        return lambda t, x: gate.note(t)
+
+    def _leaving(self, run: _Run, q: int, o: int) -> Callable[[int, int], None]:
+        return lambda t, x: self._leave(run, q, o, t, x)
+
+    def _column_sum(
+        self,
+        run: _Run,
+        color: int,
+        wave: int,
+        done: list[list[_When]],
+        cx: int,
+        ys: list[int],
+        lane: int,
+        q: int,
+        south: torch.Tensor,
+        north: torch.Tensor,
+    ) -> _When:
+        """When the sum of an output held at rows ``ys`` of column ``cx`` is whole on its lane's PE."""
+        r = run.k.region
+        result = _When()
+        sides = [
+            side
+            for side in (
+                ("S", [y for y in ys if y < lane], 1, south),
+                ("N", [y for y in ys if y > lane][::-1], -1, north),
+            )
+            if side[1]
+        ]
+        join = _Join(len(sides) + (lane in ys), 0, result.set)
+        if lane in ys:
+            done[lane * r.width + cx][q].then(join.note)
+        for name, rows, step, bus in sides:
+            for y in range(rows[0], lane, step):
+                bus[cx, y] += wave
+            self._vertical_sum(color, wave, done, r, cx, set(rows), rows[0], lane, q, name, step, join)
+        return result
+
+    def _vertical_sum(
+        self,
+        color: int,
+        wave: int,
+        done: list[list[_When]],
+        r: Any,
+        cx: int,
+        held: set[int],
+        first: int,
+        lane: int,
+        q: int,
+        name: str,
+        step: int,
+        join: _Join,
+    ) -> None:
+        """One side's chain: from the farthest holder toward the lane, each holder adding its own sum when
+        its block is done and the sum from beyond it has arrived."""
+        x = r.x + cx
+
+        def hop(y: int, t: int) -> None:
+            if y == lane:
+                join.note(t)
+                return
+
+            def granted(g: int) -> None:
+                nxt = y + step
+                if nxt in held:
+                    done[nxt * r.width + cx][q].then(lambda d: hop(nxt, max(g + self.hop, d)))
+                else:
+                    hop(nxt, g + self.hop)
+
+            self.fabric.request((x, r.y + y, name), t, wave, color, granted)
+
+        done[first * r.width + cx][q].then(lambda d: hop(first, d))
+
+    def _lane_sum(
+        self,
+        color: int,
+        wave: int,
+        sums: list[_When],
+        cols: list[int],
+        x0: int,
+        row: int,
+        then: Callable[[int, int], None],
+    ) -> None:
+        """An output's column sums east along its lane from its first column to its last, merging."""
+        at = dict(zip(cols, sums))
+
+        def hop(c: int, t: int) -> None:
+            if c == cols[-1]:
+                then(t, x0 + c)
+                return
+
+            def granted(g: int) -> None:
+                if c + 1 in at:
+                    at[c + 1].then(lambda d: hop(c + 1, max(g + self.hop, d)))
+                else:
+                    hop(c + 1, g + self.hop)
+
+            self.fabric.request((x0 + c, row, "E"), t, wave, color, granted)
+
+        at[cols[0]].then(lambda d: hop(cols[0], d))
 
 
-def _lanes(kernel: Kernel, features: int) -> int:
-    given = kernel.attrs.get("lanes", kernel.region.height)
-    return max(1, min(int(given), features, kernel.region.height))
-
-
-def _pe_product(s: Slices, x: torch.Tensor) -> torch.Tensor:
-    """``[rows, in] -> [rows, out]``, PE by PE: each PE's AXPYs into its partial sums, then the sums."""
-    dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    dtype = torch.promote_types(dtype, s.values.dtype)
-    x = x.to(dtype)
-    rows = x.shape[0]
-    out = torch.zeros(rows, s.out_features, dtype=dtype, device=x.device)
-    for pe in range(s.pes):
-        n0, n1 = int(s.nz_ptr[pe]), int(s.nz_ptr[pe + 1])
-        span = int(s.span[pe])
-        if n1 == n0 or span == 0:
-            continue
-        c0, c1 = int(s.col_ptr_off[pe]), int(s.col_ptr_off[pe + 1])
-        per_column = s.col_ptr[c0:c1].diff()
-        feature = torch.repeat_interleave(torch.arange(int(s.in_lo[pe]), int(s.in_hi[pe])), per_column)
-        local = s.row_idx[n0:n1].to(torch.int64)
-        partial = torch.zeros(rows, span, dtype=dtype, device=x.device)
-        partial.index_add_(1, local, x[:, feature] * s.values[n0:n1].to(dtype))  # one AXPY per nonzero
-        outputs = (int(s.out_lo[pe]) + torch.arange(span)) % max(s.out_features, 1)
-        out.index_add_(1, outputs, partial)
-    return out.to(torch.promote_types(x.dtype, s.values.dtype))
-
-
-def execute(
-    program: ProgramData, inputs: Any, device: torch.device | None = None
-) -> tuple[Any, Timeline]:
-    """Run ``program`` on ``inputs`` message by message: the outputs (the model's structure, their
-    tensors moved to ``device`` when given) and the ``Timeline`` (module docstring). It runs on the CPU.
+def execute(program: ProgramData, inputs: Any, device: torch.device | None = None) -> tuple[Any, Timeline]:
+    """Run ``program`` on ``inputs`` event by event: the outputs (the model's structure, their tensors
+    moved to ``device`` when given) and the ``Timeline`` (module docstring). It runs on the CPU.
     Meshes over ``MAX_PES`` PEs are an ``EmulationError``."""
     if not program.has_payloads:
         raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
     _check_size(program)
     bound = bind_inputs(program, inputs)
     machine = ReferenceMachine(program, {n: t.cpu() for n, t in bound.items()})
-    timeline = _play(machine)
-    values = [machine.values[n].tensor for n in program.outputs]
+    timeline = machine.play()
+    values = [machine.tensors[n] for n in program.outputs]
     if device is not None:
         values = [v.to(device) for v in values]
     return rebuild_outputs(program.output_tree, values, program.output_spec), timeline
@@ -638,10 +707,7 @@ def time_patterns(program: ProgramData, patterns: dict[str, torch.Tensor]) -> Ti
     bool per value, as ``sparsefx.run`` records them), without computing them: how the reference times a
     dense baseline, whose all-ones weights a program does not hold."""
     _check_size(program)
-    machine = ReferenceMachine(program, {}, dict(patterns))
-    for s in program.inputs:
-        machine._host_value(s.name, s.shape, s.dtype, machine._stand_in(s.name, s.shape))
-    return _play(machine)
+    return ReferenceMachine(program, {s.name: torch.empty(0) for s in program.inputs}, dict(patterns)).play()
 
 
 def _check_size(program: ProgramData) -> None:
@@ -651,12 +717,3 @@ def _check_size(program: ProgramData) -> None:
             f"the reference executor runs meshes of up to {MAX_PES} PEs; this one is "
             f"{program.mesh.width}x{program.mesh.height}: use executor='fast'"
         )
-
-
-def _play(machine: ReferenceMachine) -> Timeline:
-    """Every kernel of the machine's program in order, then the outputs on their way to the host."""
-    with torch.no_grad():
-        kernels = [machine.run(k) for k in machine.p.kernels]
-    done = machine.outputs_done()
-    cycles = max([kt.end for kt in kernels] + list(done.values()) + [0])
-    return Timeline(kernels, machine.flows, cycles, done)
