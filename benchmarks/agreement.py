@@ -150,6 +150,10 @@ def main() -> int:
                     )
                     r["seconds"] = time.perf_counter() - t0
                     results.append(r)
+                    console.print(
+                        f"{name} {mode} {r['mesh']} {placement} {kind}: {r['fast']} / {r['reference']} = "
+                        f"{r['ratio']:.3f}, worst span gap {r['span']:.3f} ({r['kernel']}), {r['seconds']:.0f} s"
+                    )
                     rows.append([name, mode, r["mesh"], placement, kind, str(r["fast"]), str(r["reference"]),
                                  f"{r['ratio']:.3f}", f"{r['span']:.3f} ({r['kernel']})"])  # fmt: skip
     print_table("fast vs reference", ["model", "mode", "mesh", "placement", "inputs", "fast", "reference",
