@@ -29,6 +29,7 @@ import torch
 from sparsefx.errors import EmulationError
 
 from .call import KEY, check_constant, constant_at, is_constant
+from .memo import kept
 from .outputs import rebuild_outputs
 from .program import DTYPES, Kernel, ProgramData, Stream
 from .semantics import apply
@@ -37,15 +38,18 @@ __all__ = ["evaluate", "bind_inputs", "rebuild_outputs", "Listener"]
 
 
 class _OnDevice(Mapping):
-    """``program.arrays`` moved to ``device`` when first read (each payload once)."""
+    """``program.arrays`` moved to ``device`` when first read. The copies are kept while the program's
+    arrays live (``runtime/memo.py``, keyed by device), so a program run again on a device neither moves
+    its payloads again nor derives again what is kept per payload (a sparse matmul's merged matrix)."""
 
     def __init__(self, arrays: Mapping[str, torch.Tensor], device: torch.device) -> None:
-        self._arrays, self._device, self._moved = arrays, device, {}
+        self._arrays, self._device = arrays, device
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self._moved:
-            self._moved[name] = self._arrays[name].to(self._device)
-        return self._moved[name]
+        array = self._arrays[name]
+        if array.device == self._device:
+            return array
+        return kept(array, ("on device", self._device), lambda: array.to(self._device))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._arrays)
