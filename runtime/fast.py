@@ -583,7 +583,10 @@ def simulate(
 
     ``device`` runs the clock's tensors there (CPU by default): every tensor it makes is made there,
     and the program's arrays and ``activity`` are moved there once. The timeline comes back on the
-    CPU, the same cycle for cycle wherever it ran."""
+    CPU, the same cycle for cycle wherever it ran. ``sparsefx.run`` always times on the host, wherever
+    the values were computed: the clock is small-integer, data-dependent scheduling over many tiny
+    tensors, so on a GPU each of its ops is a kernel launch and each ``.tolist()``/``int()`` a host
+    sync, and it runs slower there than on the CPU."""
     dev = torch.device(device) if device is not None else None
     if dev is None or dev.type == "cpu":
         return _simulate(FastClock(program, activity))

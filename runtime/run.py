@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from sparsefx.errors import EmulationError
 
@@ -52,28 +53,57 @@ class RunResult:
 
 class _Activity:
     """Which elements of every value are nonzero, ``[rows, features]`` bool: the clock's senders filter
-    the messages that are all zero (``runtime/timeline.py``, ``Flow.live``)."""
+    the messages that are all zero (``runtime/timeline.py``, ``Flow.live``).
+
+    The flags are made where the values are and stay there while the program is evaluated; ``to_host``
+    then brings them all to the CPU, where the clock runs, in one copy: one host sync per run, not one
+    per value. The same holds for the NaN/inf check of each sparse matmul's input (``nonfinite``)."""
 
     def __init__(self, program: ProgramData) -> None:
         self.seen: dict[str, torch.Tensor] = {}
-        self.nonfinite: list[str] = []  # sparse matmuls that read NaN or inf
+        self.nonfinite: list[str] = []  # sparse matmuls that read NaN or inf (once ``to_host`` has run)
         self.inputs = {s.name for s in program.inputs}
+        self._finite: list[tuple[str, torch.Tensor]] = []  # (sparse matmul, its input is finite)
 
     def __call__(self, k: Kernel, inputs: list[torch.Tensor], result: torch.Tensor) -> None:
         for name, value in zip(k.inputs, inputs):
             if name in self.inputs and name not in self.seen:
                 self.seen[name] = _nonzero(value)
         self.seen[k.name] = _nonzero(result)
-        if k.op == "sparse_matmul" and not bool(torch.isfinite(inputs[0]).all()):
-            self.nonfinite.append(k.name)
+        if k.op == "sparse_matmul":
+            self._finite.append((k.name, torch.isfinite(inputs[0]).all()))
+
+    def to_host(self) -> None:
+        """Move the flags to the CPU (one copy from each device they are on) and read the NaN/inf checks."""
+        names, flags = list(self.seen), list(self.seen.values())
+        finite = [f for _, f in self._finite]
+        for i, t in enumerate(_on_host(flags + finite)):
+            if i < len(names):
+                self.seen[names[i]] = t
+            elif not bool(t):
+                self.nonfinite.append(self._finite[i - len(names)][0])
+        self._finite = []
 
 
 def _nonzero(value: torch.Tensor) -> torch.Tensor:
-    """``[rows, features]``: where ``value`` is nonzero, on the CPU (a scalar is one row of one feature)."""
-    flags = (value != 0).cpu()
+    """``[rows, features]``: where ``value`` is nonzero, on its device (a scalar: one row, one feature)."""
+    flags = value != 0
     if flags.dim() == 0:
         return flags.reshape(1, 1)
     return flags.reshape(math.prod(flags.shape[:-1]), flags.shape[-1])
+
+
+def _on_host(flags: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``flags`` (bool tensors) on the CPU, in order: those of each other device are concatenated there
+    and copied in one transfer, then split into views of the one host buffer."""
+    out = list(flags)
+    devices = {t.device for t in flags if t.device.type != "cpu"}
+    for dev in devices:
+        at = [i for i, t in enumerate(flags) if t.device == dev]
+        host = torch.cat([flags[i].reshape(-1) for i in at]).cpu()
+        for i, piece in zip(at, host.split([flags[i].numel() for i in at])):
+            out[i] = piece.view(flags[i].shape)
+    return out
 
 
 def run(
@@ -83,8 +113,12 @@ def run(
     device: str | torch.device | None = None,
 ) -> RunResult:
     """Run ``program`` on ``inputs`` (module docstring). ``device`` (CPU by default) holds the fast
-    executor's values and runs its clock; the stats come back on the CPU, the same wherever they ran.
-    The reference executor runs on the CPU and moves only its outputs to ``device``."""
+    executor's values: the model's arithmetic runs there. Its clock always runs on the host (the CPU):
+    it schedules small integers over many tiny, data-dependent tensors, so on a GPU it would be bound
+    by kernel launches and host syncs, not by work. The zero patterns it reads come to the host in one
+    copy after the evaluation (``_Activity.to_host``); the timeline and stats are the same, cycle for
+    cycle, wherever the values ran. The reference executor runs on the CPU and moves only its outputs
+    to ``device``."""
     if executor not in EXECUTORS:
         raise EmulationError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
     device = _device(device)
@@ -92,20 +126,27 @@ def run(
     if executor == "reference":
         outputs, timeline = execute(program, inputs, device)
         evaluate(program, inputs, None, listener=activity)  # the activity the dense baseline sees
+        activity.to_host()
     else:
-        outputs = evaluate(program, inputs, device, listener=activity)
-        timeline = simulate(program, activity.seen, device)
+        with record_function("sparsefx.run: evaluate"):
+            outputs = evaluate(program, inputs, device, listener=activity)
+            activity.to_host()
+        with record_function("sparsefx.run: clock"):
+            timeline = simulate(program, activity.seen)  # on the host, whatever ``device`` is
     _warn_nonfinite(activity.nonfinite)
-    stats = collect(program, timeline, executor)
+    with record_function("sparsefx.run: stats"):
+        stats = collect(program, timeline, executor)
     dense = dense_program(program)
     if dense is None:
         stats.dense_unavailable = unavailable(program)
     else:
         patterns = dense_activity(activity.seen, dense)
         # the reference times its own baseline: the dense values' zeros stand in for them
-        timed = simulate(dense, patterns, device) if executor == "fast" else time_patterns(dense, patterns)
-        baseline = collect(dense, timed, executor, mesh_detail=False)  # compare reads cycles and parts
-        stats.dense = compare(program, stats, baseline)
+        with record_function("sparsefx.run: clock (dense baseline)"):
+            timed = simulate(dense, patterns) if executor == "fast" else time_patterns(dense, patterns)
+        with record_function("sparsefx.run: stats (dense baseline)"):
+            baseline = collect(dense, timed, executor, mesh_detail=False)  # compare reads cycles and parts
+            stats.dense = compare(program, stats, baseline)
     return RunResult(outputs, stats)
 
 
