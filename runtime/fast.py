@@ -78,6 +78,36 @@ def _host_flow(
     return flow
 
 
+def _share_host_rows(flows: list[Flow]) -> None:
+    """Pipelined, every program input leaves the host at once, and they share the host's rows: on each
+    row the inputs' messages take turns, one of each input in turn (the links' round-robin by color),
+    each input's own in lane order. Sets each message's ``ready`` to its turn."""
+    if len(flows) < 2:
+        return
+    rows, ranks, which, sends = [], [], [], []
+    for i, flow in enumerate(flows):
+        if flow.features == 0:
+            continue
+        lane = flow.lane
+        rank = torch.arange(flow.features) - flow.bounds[lane]  # its place in its lane's queue
+        rows.append(lane)
+        ranks.append(rank)
+        which.append(torch.full((flow.features,), i, dtype=torch.int64))
+        sends.append(flow.sends[0])
+    if len(rows) < 2:
+        return
+    row, rank, value, cost = (torch.cat(t) for t in (rows, ranks, which, sends))
+    order = torch.argsort(rank * len(flows) + value, stable=True)  # round-robin: turn by turn
+    finish = torch.empty_like(cost)
+    finish[order] = fifo(row[order], torch.zeros_like(cost), cost[order])
+    start = finish - cost
+    for i, flow in enumerate(flows):
+        if flow.features:
+            flow.ready = start[value == i][None, :].clone()
+            flow._departs.clear()
+            flow._shared.clear()
+
+
 class FastClock:
     """The mesh of ``runtime/cost.py`` as the fast executor times it: kernel by kernel in program order,
     each kernel from its inputs' ``Flow``s, all of its messages and tasks at once as tensors (one
@@ -108,6 +138,8 @@ class FastClock:
             for s in program.inputs
         }
         self.streaming = program.mode == "streaming"
+        if not self.streaming:
+            _share_host_rows(list(self.flows.values()))
         self.prev_end = 0
         self.loader_free = 0
         self.prev_start = 0
@@ -300,14 +332,8 @@ class FastClock:
         return KernelTime(k.name, k.op, t0, self._end(flow), zeros, zeros.clone(), 1), flow
 
     def _end(self, flow: Flow) -> int:
-        """When a kernel whose result is ``flow`` ends: its last message has left (streaming: is wholly at
-        the region's edge, where it stays until a later step sends it). An empty result (a cat's empty
-        cache) sends nothing and ends at the kernel's start, as in the reference executor."""
-        if not flow.ready.numel():
-            return self.t0
-        if self.streaming:
-            return max(flow.done, int((flow.ready + flow.sends).max()))  # its lanes pass one wavelet a cycle
-        return flow.done
+        """When a kernel whose result is ``flow`` ends (``Flow.end``, the rule both executors share)."""
+        return flow.end(self.streaming, self.t0)
 
     def _waits(self, latest: dict[str, int], t0: int) -> str | None:
         if not latest:

@@ -11,7 +11,9 @@ hop per ``hop_cycles`` past each link that served it; a PE has it when the last 
 needed it learns so from the lane's end-of-block mark, which rides on the lane's last message of the
 block (``timeline.lane_sends``), reaching its row on the lane and then moving one hop per row.
 
-A reader registers what it needs (``need``) before the message leaves; ``launch`` sends it.
+A reader registers what it needs (``need``) before the message leaves; ``launch`` sends it. Every
+message of a value leaves its lane in order, block by block, whether or not a reader needs it (a
+streaming step sends the stored value again whole), as the fast clock's lanes send them.
 """
 
 from __future__ import annotations
@@ -117,18 +119,12 @@ class Journeys:
             route = self._route(v, key, q, v.last(f))
             route.marks.setdefault(x, []).append((abs(y - self.row(v, f)), then))
 
-    def needed(self, v: Sent, key: str) -> list[tuple[int, int]]:
-        """The messages of ``v`` that route ``key`` has readers for."""
-        return [(q, f) for (name, k, q, f) in self._routes if name == v.name and k == key]
-
     def _route(self, v: Sent, key: str, q: int, f: int) -> _Route:
         return self._routes.setdefault((v.name, key, q, f), _Route())
 
     def launch(self, v: Sent, key: str, q: int, f: int, start: int) -> None:
         """Send message ``(q, f)`` of ``v`` on route ``key``, its head leaving the sender at ``start``."""
-        route = self._routes.pop((v.name, key, q, f), None)
-        if route is None:
-            return
+        route = self._routes.pop((v.name, key, q, f), None) or _Route()  # read or not, it leaves its lane
         s, row, e = v.sends[q][f], self.row(v, f), v.east
         cols = set(route.dests) | set(route.marks)
         if not self.streaming and e >= 0:  # pipelined: readers on the producer's own columns
@@ -139,18 +135,16 @@ class Journeys:
             first = None
         elif e >= 0:  # streaming: west to column 0, then east
             lane = [((c, row, "W"), c - 1 if c == 1 else None) for c in range(e, 0, -1)]
-            lane += [((c, row, "E"), c + 1) for c in range(0, max(cols))]
+            lane += [((c, row, "E"), c + 1) for c in range(0, max(cols, default=0))]
             first = 0 if e == 0 else None
         else:  # from the host, west of column 0
-            lane = [((c, row, "E"), c + 1) for c in range(-1, max(cols))]
+            lane = [((c, row, "E"), c + 1) for c in range(-1, max(cols, default=-1))]
             first = None
-        if not cols:
-            return
-
         def ramp(g: int) -> None:
             if first is not None and first in cols:
                 self._column(v, route, first, row, g, s)
-            self._hop(v, route, cols, lane, 0, g, s, row)
+            if cols:
+                self._hop(v, route, cols, lane, 0, g, s, row)
 
         self.fabric.request((e, row, "R"), start, s, v.color, ramp)
 

@@ -127,7 +127,6 @@ class _Run:
     def __init__(self, k: Kernel, t0: int, load: tuple[int, int] | None, out: Sent) -> None:
         self.k, self.t0, self.load, self.out = k, t0, load, out
         self.left = 0  # outgoing messages not yet at the region's edge
-        self.end = t0
         self.first: int | None = None  # the first task's arrival
         self.latest: dict[str, int] = {}  # per input: its last message's arrival
         self.fields: dict[str, Any] = {}  # the rest of the KernelTime
@@ -161,6 +160,7 @@ class ReferenceMachine:
         self.times: dict[str, KernelTime] = {}
         self.output_done: dict[str, int] = {}
         self.loader_free = 0
+        self.outputs = set(program.outputs)
         row0: dict[str, int] = {}
         self.journeys = Journeys(self.ev, self.fabric, self.hop, self.streaming, row0)
         self._compute(inputs)
@@ -284,7 +284,7 @@ class ReferenceMachine:
         v.ready[q][f] = t
         if not self.streaming:
             self.journeys.launch(v, "", q, f, t)
-        else:
+        elif v.name in self.outputs:  # streaming: an output goes to the host as soon as it is ready
             self.journeys.launch(v, "host", q, f, t)
 
     def _begin(self, i: int, prev_start: int, prev_end: int) -> None:
@@ -308,9 +308,9 @@ class ReferenceMachine:
         if self.streaming:  # stored values go again, from their producers, in this kernel's step
             for name in dict.fromkeys(k.inputs):
                 v = self.values[name]
-                for q, f in self.journeys.needed(v, k.name):
-                    assert v.ready[q][f] >= 0, (name, q, f)
-                    self.journeys.launch(v, k.name, q, f, max(v.ready[q][f], t0))
+                for q in range(v.blocks):  # the whole value again, each lane block by block
+                    for f in range(v.features):
+                        self.journeys.launch(v, k.name, q, f, max(v.ready[q][f], t0))
         if run.left == 0:
             self.ev.at(t0, self._end, run)
 
@@ -328,7 +328,6 @@ class ReferenceMachine:
         def step(c: int, t: int) -> None:
             if c >= east:
                 self._ready(v, q, f, t)
-                run.end = max(run.end, t + v.wave[q])
                 run.left -= 1
                 if run.left == 0:
                     self._end(run)
@@ -341,7 +340,8 @@ class ReferenceMachine:
         k = run.k
         if k.name in self.times:
             return
-        kt = KernelTime(k.name, k.op, run.first if run.first is not None else run.t0, run.end, **run.fields)
+        end = max(self._flow(run.out).end(self.streaming, run.t0), run.t0)  # the rule both executors share
+        kt = KernelTime(k.name, k.op, run.first if run.first is not None else run.t0, end, **run.fields)
         kt.load = run.load
         latest = run.latest
         if latest:
@@ -374,7 +374,6 @@ class ReferenceMachine:
         for q in range(v.blocks):
             for f in range(v.features):
                 self.ev.at(run.t0, self._ready, v, q, f, run.t0)  # after every reader has said what it needs
-                run.end = max(run.end, run.t0 + v.wave[q])
 
     def _dense(self, run: _Run) -> None:
         k, v, hw, r, t0 = run.k, run.out, self.hw, run.k.region, run.t0

@@ -160,6 +160,18 @@ class Flow:
         return self._shared["done"] + first
 
 
+    def end(self, streaming: bool, t0: int) -> int:
+        """When the kernel whose result this is ends, in either executor: its last message has left
+        (pipelined), or is wholly at the region's edge, where it stays until a later step sends it, its
+        lanes passing one wavelet a cycle (streaming). An empty result (a cat's empty cache) sends
+        nothing and ends at the kernel's start ``t0``."""
+        if not self.ready.numel():
+            return t0
+        if streaming:
+            return max(self.done, int((self.ready + self.sends).max()))
+        return self.done
+
+
 @dataclass
 class KernelTime:
     """One kernel's timing: when it ran, each PE's busy cycles, and what it received or skipped."""
