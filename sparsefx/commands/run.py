@@ -52,7 +52,8 @@ def add_parser(
     )
     parser.add_argument("--executor", choices=("fast", "reference"), default="fast", help="default fast")
     parser.add_argument(
-        "--device", help="where the fast executor's values and clock run: cpu (default), cuda, cuda:1..."
+        "--device",
+        help="where the fast executor's values are computed (its clock runs on the host): cpu, cuda...",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table", help="stdout format")
     parser.add_argument("-o", "--json", metavar="PATH", help="also write the JSON report to PATH")
