@@ -146,8 +146,10 @@ class ReferenceMachine:
         program: ProgramData,
         inputs: dict[str, torch.Tensor],
         patterns: dict[str, torch.Tensor] | None = None,
+        listener: Callable[[Kernel, list[torch.Tensor], torch.Tensor], None] | None = None,
     ) -> None:
         self.p = program
+        self.listener = listener
         self.patterns = patterns
         self.hw = program.hardware
         self.hop = self.hw.hop_cycles
@@ -190,9 +192,10 @@ class ReferenceMachine:
                     self.tensors[k.name] = self._stand_in(k.name, k.shape)
                     continue
                 args = [self.tensors[n] for n in k.inputs]
-                self.tensors[k.name] = (
-                    self._sparse_value(k, args) if k.op == "sparse_matmul" else apply(self.p, k, args)
-                )
+                out = self._sparse_value(k, args) if k.op == "sparse_matmul" else apply(self.p, k, args)
+                self.tensors[k.name] = out
+                if self.listener is not None:
+                    self.listener(k, args, out)
 
     def _sparse_value(self, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
         arrays = {role: self.p.arrays[name] for role, name in k.arrays.items()}
@@ -685,15 +688,21 @@ class ReferenceMachine:
         at[cols[0]].then(lambda d: hop(cols[0], d))
 
 
-def execute(program: ProgramData, inputs: Any, device: torch.device | None = None) -> tuple[Any, Timeline]:
+def execute(
+    program: ProgramData,
+    inputs: Any,
+    device: torch.device | None = None,
+    listener: Callable[[Kernel, list[torch.Tensor], torch.Tensor], None] | None = None,
+) -> tuple[Any, Timeline]:
     """Run ``program`` on ``inputs`` event by event: the outputs (the model's structure, their tensors
     moved to ``device`` when given) and the ``Timeline`` (module docstring). It runs on the CPU.
-    Meshes over ``MAX_PES`` PEs are an ``EmulationError``."""
+    ``listener(kernel, inputs, result)`` sees each kernel's values as the PEs computed them, as
+    ``evaluate``'s does. Meshes over ``MAX_PES`` PEs are an ``EmulationError``."""
     if not program.has_payloads:
         raise EmulationError("the program has no payloads (parsed from text?); load it from a program file")
     _check_size(program)
     bound = bind_inputs(program, inputs)
-    machine = ReferenceMachine(program, {n: t.cpu() for n, t in bound.items()})
+    machine = ReferenceMachine(program, {n: t.cpu() for n, t in bound.items()}, listener=listener)
     timeline = machine.play()
     values = [machine.tensors[n] for n in program.outputs]
     if device is not None:
