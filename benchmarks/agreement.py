@@ -152,7 +152,8 @@ def main() -> int:
                     results.append(r)
                     console.print(
                         f"{name} {mode} {r['mesh']} {placement} {kind}: {r['fast']} / {r['reference']} = "
-                        f"{r['ratio']:.3f}, worst span gap {r['span']:.3f} ({r['kernel']}), {r['seconds']:.0f} s"
+                        f"{r['ratio']:.3f}, worst span gap {r['span']:.3f} ({r['kernel']}), "
+                        f"{r['seconds']:.0f} s"
                     )
                     rows.append([name, mode, r["mesh"], placement, kind, str(r["fast"]), str(r["reference"]),
                                  f"{r['ratio']:.3f}", f"{r['span']:.3f} ({r['kernel']})"])  # fmt: skip
