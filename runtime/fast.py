@@ -8,8 +8,9 @@ nonzero: a message whose values are all zero is not sent (``Flow.live``: no wave
 task on a sparse matmul; a reader learns that its block is complete from the lane's end-of-block mark).
 Without it every message is sent. What it returns is a ``runtime/timeline.py`` ``Timeline``.
 
-Cross-route link sharing is not queued here: a route's own messages are serialized on its lanes,
-and the hottest links are reported from the traffic. The reference executor queues every link.
+Cross-route link sharing is mostly not queued here: a route's own messages are serialized on its
+lanes, pipelined program inputs take turns on the host's rows (``_share_host_rows``), and the hottest
+links are reported from the traffic. The event-driven reference executor queues every link.
 
 Its helpers live beside it: ``runtime/intervals.py`` (range maxima and held pairs for the column
 reduction), ``runtime/blocking.py`` (blocks, lanes, zero flags), ``runtime/reuse.py`` (which timings
