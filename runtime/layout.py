@@ -15,21 +15,29 @@ limit), computed here from counts alone, equal to what ``place_balanced`` gives 
     >>> s = layout(p, k)
     >>> s.in_lo.tolist(), s.out_lo.tolist(), s.span.tolist(), s.counts.tolist()
     ([0, 0, 2, 2], [0, 3, 0, 3], [3, 3, 3, 3], [3, 3, 3, 3, 3, 3, 3, 3])
-    >>> weight_bytes(p, k)  # the arrays an all-ones lowering stores: values, row indices, ranges, offsets
-    336
+    >>> weight_bytes(p, k)  # a dense layout: 24 fp32 values and 4 int32 ranges on each of 4 PEs
+    160
+
+A kernel that keeps every entry of its weight (``dense_layout``: the baseline's, or a real one lowered
+at sparsity 0 or kept dense) stores and loads it in a dense layout: each PE's values in order, found
+from its input and output ranges, without the row indices and column offsets a sparse slice needs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .memo import kept_for
-from .program import DTYPES, Kernel, ProgramData, lane_bounds
+from .memory import itemsize
+from .program import Kernel, ProgramData, lane_bounds
 from .sparse_eval import read_slices
 
-__all__ = ["Layout", "layout", "weight_bytes", "balanced_ones"]
+__all__ = ["Layout", "layout", "weight_bytes", "dense_layout", "RANGE_BYTES", "balanced_ones"]
+
+RANGE_BYTES = 16
+"""Bytes of a PE's ranges in a sparse matmul's arrays: ``in_lo``, ``in_hi``, ``out_lo``, ``out_hi``, int32."""
 
 
 @dataclass(frozen=True)
@@ -126,21 +134,32 @@ def _row_cuts(
     return cut
 
 
+def dense_layout(program: ProgramData, k: Kernel) -> bool:
+    """Whether sparse matmul ``k`` keeps every entry of its weight: an all-ones kernel (the dense
+    baseline), or one whose ``values`` number ``in_features * out_features``. One rule for both, so a
+    program lowered at sparsity 0 and its dense baseline store and load the same bytes."""
+    if k.op != "sparse_matmul":
+        return False
+    if k.attrs.get("all_ones"):
+        return True
+    values, shape = k.arrays.get("values"), (k.attrs.get("in_features"), k.attrs.get("out_features"))
+    if values is None or None in shape:
+        return False
+    return math.prod(program.specs[values].shape) == int(shape[0]) * int(shape[1])
+
+
 def weight_bytes(program: ProgramData, k: Kernel) -> int:
-    """Bytes a kernel loads from off-mesh memory in weight-streaming mode: all its arrays."""
-    if not k.attrs.get("all_ones"):
+    """Bytes a kernel loads from off-mesh memory in weight-streaming mode: all its arrays, or for a dense
+    layout (``dense_layout``) its values, its PEs' ranges and its bias, with no indices or offsets.
+
+    An all-ones kernel holds no arrays: its values are its weight's, of the kernel's dtype."""
+    if not dense_layout(program, k):
         return sum(program.specs[a].nbytes for a in k.arrays.values())
-    key = ("weight_bytes", k.dtype, bool(k.attrs.get("bias")))
-    return kept_for(program, k, key, lambda: _dense_bytes(program, k))
-
-
-def _dense_bytes(program: ProgramData, k: Kernel) -> int:
-    s = layout(program, k)
-    pes = k.region.pes
-    value = torch.empty((), dtype=DTYPES[k.dtype]).element_size()
-    index = 2 if int(s.span.max()) < 2**15 else 4
-    nnz = int(s.counts.sum())
-    ranges = 4 * 4 * pes  # in_lo, in_hi, out_lo, out_hi: int32 per PE
-    offsets = 2 * 8 * (pes + 1) + 4 * int((s.in_hi - s.in_lo + 1).sum())  # nz_ptr, col_ptr_off; col_ptr
-    bias = s.out_features * value if k.attrs.get("bias") else 0
-    return nnz * (value + index) + ranges + offsets + bias
+    if k.attrs.get("all_ones"):
+        value = itemsize(k.dtype)
+        values = int(k.attrs["in_features"]) * int(k.attrs["out_features"])
+        bias = int(k.attrs["out_features"]) * value if k.attrs.get("bias") else 0
+        return values * value + RANGE_BYTES * k.region.pes + bias
+    spec = program.specs[k.arrays["values"]]
+    bias = program.specs[k.arrays["bias"]].nbytes if "bias" in k.arrays else 0
+    return spec.nbytes + RANGE_BYTES * k.region.pes + bias
