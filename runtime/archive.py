@@ -5,7 +5,7 @@
 
 A program file is a zip of exactly three members, all stored uncompressed (``ZIP_STORED``):
 
-- ``manifest.json``: ``{"format": "sparsefx-program", "format_version": 1, "sparsefx_version": ...,
+- ``manifest.json``: ``{"format": "sparsefx-program", "format_version": 2, "sparsefx_version": ...,
   "counts": {kernels, routes, inputs, outputs, arrays, payload_bytes}, "members": {name: {size, sha256}}}``
   (the sha256 of each other member);
 - ``program.txt``: the text form (``runtime/text.py``);
@@ -67,6 +67,7 @@ from .archive_write import (
     MAX_MANIFEST_BYTES,
     MAX_TEXT_BYTES,
     MEMBERS,
+    READS_VERSIONS,
     TENSORS,
     TEXT,
     file_sha256,
@@ -191,12 +192,13 @@ def _manifest(buffer: mmap.mmap, member: zip_view.Member) -> dict[str, Any]:
     if data.get("format") != FORMAT:
         raise ProgramFormatError(f"{MANIFEST}: format is {_short(data.get('format'))}; expected {FORMAT!r}")
     version = data.get("format_version")
-    if version != FORMAT_VERSION or type(version) is not int:
+    if version not in READS_VERSIONS or type(version) is not int:
         newer = type(version) is int and version > FORMAT_VERSION
+        reads = " and ".join(str(v) for v in READS_VERSIONS)
         raise ProgramFormatError(
             f"{MANIFEST}: format_version {_short(version)} is "
             + ("newer than this sparsefx reads" if newer else "unknown")
-            + f"; this sparsefx ({__version__}) reads format_version {FORMAT_VERSION}"
+            + f"; this sparsefx ({__version__}) reads format_version {reads}"
             + (" (upgrade sparsefx to load it)" if newer else "")
         )
     if set(data) != _MANIFEST_KEYS:

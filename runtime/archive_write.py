@@ -3,8 +3,8 @@
 Only the writer: it sits below ``DataflowProgram`` (``runtime/dataflow.py``), whose ``save()`` it is, and
 takes any ``ProgramData``. The format's names and limits are here, and ``archive.py`` re-exports them::
 
-    >>> MEMBERS, FORMAT, FORMAT_VERSION
-    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 1)
+    >>> MEMBERS, FORMAT, FORMAT_VERSION, READS_VERSIONS
+    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 2, (1, 2))
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "file_sha256",
     "FORMAT",
     "FORMAT_VERSION",
+    "READS_VERSIONS",
     "MANIFEST",
     "TEXT",
     "TENSORS",
@@ -43,8 +44,12 @@ __all__ = [
 ]
 
 FORMAT = "sparsefx-program"
-FORMAT_VERSION = 1
-"""The manifest's ``format_version``; a file with another one is refused, naming both."""
+FORMAT_VERSION = 2
+"""The manifest's ``format_version`` this sparsefx writes. 2: the hardware line has
+``vector_start_cycles``. Files of ``READS_VERSIONS`` load (a field an older file lacks takes its
+default); any other version is refused, naming both."""
+
+READS_VERSIONS = (1, 2)
 
 MANIFEST, TEXT, TENSORS = "manifest.json", "program.txt", "tensors.safetensors"
 MEMBERS = (MANIFEST, TEXT, TENSORS)

@@ -205,9 +205,15 @@ class HardwareSpec:
     clock_hz: float = 850e6
     # SIMD lanes per dtype; see _default_simd for the source of each.
     simd_widths: dict[str, int] = field(default_factory=_default_simd)
-    # Cycles to start a task: pick it, read its trigger wavelet, set up its vector descriptors.
-    # Assumption: not published; 8 cycles is the order of a few pipeline stages.
+    # Cycles to start a task, paid once per task: pick it, read its trigger wavelet, set up its
+    # vector descriptors (REFERENCE §4: a task runs when data arrives on its color). Assumption: the
+    # figure is not published; 8 cycles is the order of a few pipeline stages.
     task_start_cycles: int = 8
+    # Cycles to start one vector operation inside a running task (issue it, fill the SIMD pipeline
+    # before the first result): each AXPY of a sparse matmul's task (REFERENCE §4: one AXPY per
+    # nonzero), each SIMD operation of another kernel's task and each partial-sum add pays it once,
+    # on top of ``ceil(rows / simd)``. Assumption: not published; 2 cycles, a short pipeline fill.
+    vector_start_cycles: int = 2
     # Cycles per router hop. Source: REFERENCE §4 (a wavelet reaches a neighbour in one cycle).
     hop_cycles: int = 1
     # Host I/O at the mesh edge, bytes per second. Source: CS-2 system I/O, 12 x 100 GbE = 1.2 Tb/s.
@@ -222,7 +228,7 @@ class HardwareSpec:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise LoweringError(f"hardware {name} {value!r} is not valid; it must be a positive number")
-        for name in ("task_start_cycles", "hop_cycles"):
+        for name in ("task_start_cycles", "vector_start_cycles", "hop_cycles"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise LoweringError(f"hardware {name} {value!r} is not valid; it must be an integer >= 0")

@@ -6,7 +6,7 @@ re-exported here; the parser builds the public ``DataflowProgram`` (``runtime/da
 One line per item, in this order (MLIR-like: ``%name`` is a value, ``dtype[shape]`` a type, ``{...}``
 JSON data with sorted keys)::
 
-    sparsefx.program 1                        the format and its version
+    sparsefx.program 2                        the format and its version
     mesh 4x4 mode=pipelined placement=block
     hardware name="wse2" sram_bytes=49152 ... every HardwareSpec field, as JSON
     meta {...}
@@ -57,7 +57,16 @@ from sparsefx.errors import LoweringError, ProgramFormatError
 from .dataflow import DataflowProgram
 from .mesh import HardwareSpec, MeshSpec
 from .program import ArraySpec, Kernel, Region, Route, Stream, Task
-from .textprint import FORMAT, VERSION, names_text, print_program, routes_by_kernel, size_text, type_text
+from .textprint import (
+    FORMAT,
+    READS,
+    VERSION,
+    names_text,
+    print_program,
+    routes_by_kernel,
+    size_text,
+    type_text,
+)
 from .textscan import Cursor
 
 __all__ = ["print_program", "parse_program", "FORMAT", "VERSION"]
@@ -77,10 +86,10 @@ _KERNEL_FIELDS = "end of line (kernel fields: nnz, routes, colors, attrs, arrays
 def parse_program(text: str) -> DataflowProgram:
     """The program ``print_program`` wrote, without payloads; ``ProgramFormatError`` on any flaw.
 
-    >>> parse_program("sparsefx.program 2")
+    >>> parse_program("sparsefx.program 3")
     Traceback (most recent call last):
     ...
-    sparsefx.errors.ProgramFormatError: line 1, column 18: expected version 1 (this sparsefx reads ...
+    sparsefx.errors.ProgramFormatError: line 1, column 18: expected version 1 or 2 (this sparsefx reads ...
     """
     if not isinstance(text, str):
         raise ProgramFormatError(f"a program text is a str, not {type(text).__name__}")
@@ -90,6 +99,7 @@ def parse_program(text: str) -> DataflowProgram:
 class _Parser:
     def __init__(self) -> None:
         self.fields: dict[str, Any] = {"inputs": [], "outputs": [], "kernels": [], "routes": [], "specs": {}}
+        self.version = VERSION
         self.claims: list[tuple[Cursor, int, str, list[str], list[int]]] = []  # kernels' routes, colors
 
     def parse(self, text: str) -> DataflowProgram:
@@ -119,8 +129,11 @@ class _Parser:
     # -- one method per line kind -----------------------------------------------------------------
     def _header(self, c: Cursor) -> None:
         start = c.skip()
-        if c.int(f"version {VERSION}") != VERSION:
-            raise c.error(f"version {VERSION} (this sparsefx reads version {VERSION} only)", start)
+        version = c.int(f"version {VERSION}")
+        if version not in READS:
+            reads = " or ".join(str(v) for v in READS)
+            raise c.error(f"version {reads} (this sparsefx reads versions {reads})", start)
+        self.version = version
 
     def _mesh(self, c: Cursor) -> None:
         start = c.skip()
@@ -133,7 +146,10 @@ class _Parser:
 
     def _hardware(self, c: Cursor) -> None:
         start = c.skip()
-        data = {f.name: c.keyed(f.name, c.json, f"the {f.name}") for f in dataclasses.fields(HardwareSpec)}
+        names = [f.name for f in dataclasses.fields(HardwareSpec)]
+        if self.version < 2:  # version 1 had no vector starts: the field takes its default
+            names.remove("vector_start_cycles")
+        data = {name: c.keyed(name, c.json, f"the {name}") for name in names}
         if not isinstance(data["name"], str) or not isinstance(data["simd_widths"], dict):
             raise c.error("a hardware name string and a simd_widths object", start)
         try:

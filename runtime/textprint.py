@@ -22,11 +22,23 @@ from .mesh import HardwareSpec
 from .program import DTYPES, Kernel, ProgramData, Route
 from .textscan import dumps, name_text
 
-__all__ = ["print_program", "FORMAT", "VERSION", "type_text", "names_text", "size_text", "routes_by_kernel"]
+__all__ = [
+    "print_program",
+    "FORMAT",
+    "VERSION",
+    "READS",
+    "type_text",
+    "names_text",
+    "size_text",
+    "routes_by_kernel",
+]
 
 FORMAT = "sparsefx.program"
-VERSION = 1
-"""The header line is ``f"{FORMAT} {VERSION}"``; a text of another version is refused."""
+VERSION = 2
+"""The header line is ``f"{FORMAT} {VERSION}"`` (2: the hardware line has ``vector_start_cycles``).
+Texts of ``READS`` parse (a hardware field an older text lacks takes its default); others are refused."""
+
+READS = (1, 2)
 
 
 def _value(name: str) -> str:

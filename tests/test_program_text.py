@@ -196,9 +196,9 @@ def dict_outputs() -> DataflowProgram:
 
 
 MLP_TEXT = r"""
-sparsefx.program 1
+sparsefx.program 2
 mesh 8x2 mode=pipelined placement=block
-hardware name="tiny" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
+hardware name="tiny" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
 meta {"model": "MLP", "seed": 0, "sparsity": 0.9}
 input %x : float32[8, 64]
 output %fc2
@@ -232,9 +232,9 @@ end kernels=3 routes=5 arrays=16 bytes=2286
 
 
 STREAMING_TEXT = r"""
-sparsefx.program 1
+sparsefx.program 2
 mesh 4x4 mode=streaming placement=balanced
-hardware name="wse3 (custom)" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=1100000000.0 simd_widths={"bfloat16": 8, "float16": 8, "float32": 4} task_start_cycles=6 hop_cycles=1 host_bytes_per_s=125000000000.0 weight_bytes_per_s=150000000000.0
+hardware name="wse3 (custom)" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=1100000000.0 simd_widths={"bfloat16": 8, "float16": 8, "float32": 4} task_start_cycles=6 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=125000000000.0 weight_bytes_per_s=150000000000.0
 meta {"batch": 2, "eps": 1e-300, "nested": {"a": [1, 2.5, null, true]}, "notes": ["tiny", "\u00b5-test"]}
 input %"input ids" : int64[2, 6]
 input %mask : bool[2, 6]
@@ -265,9 +265,9 @@ end kernels=4 routes=6 arrays=10 bytes=?
 
 
 DICT_OUTPUTS_TEXT = r"""
-sparsefx.program 1
+sparsefx.program 2
 mesh 6x1 mode=pipelined placement=block
-hardware name="wse2" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
+hardware name="wse2" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
 meta {}
 input %h : float32[4, 8]
 output %logits
@@ -357,9 +357,9 @@ def _lines(edit) -> str:
 
 
 BAD = [
-    ("", "line 1: expected the header 'sparsefx.program 1'; the text ends"),
-    ("hello world", "line 1, column 1: expected the header 'sparsefx.program 1'; found 'hello world'"),
-    (_replace("sparsefx.program 1", "sparsefx.program 2"), "line 1, column 18: expected version 1"),
+    ("", "line 1: expected the header 'sparsefx.program 2'; the text ends"),
+    ("hello world", "line 1, column 1: expected the header 'sparsefx.program 2'; found 'hello world'"),
+    (_replace("sparsefx.program 2", "sparsefx.program 3"), "line 1, column 18: expected version 1 or 2"),
     (
         _lines(lambda ls: ls.pop()),
         "line 31: expected an 'array' line or an 'end' line; the text ends (is it cut off?)",
@@ -462,7 +462,7 @@ BAD = [
         "line 32, column 40: expected the arrays' total bytes: 2286; found '?'",
     ),
     (
-        "sparsefx.program 1\nmeta " + "[" * 100_000,
+        "sparsefx.program 2\nmeta " + "[" * 100_000,
         "line 2, column 1: expected a 'mesh' line; found 'meta [[[",
     ),
     (
@@ -542,7 +542,7 @@ def test_fuzz_mutated_texts(which: int, seed: int, edits: int) -> None:
 @given(text=st.text(max_size=300) | st.text(alphabet=ALPHABET, max_size=300))
 def test_fuzz_random_strings(text: str) -> None:
     _parses_or_format_error(text)
-    _parses_or_format_error("sparsefx.program 1\n" + text)
+    _parses_or_format_error("sparsefx.program 2\n" + text)
 
 
 JSON = st.recursive(
@@ -618,3 +618,12 @@ def test_huge_and_garbage_sizes_in_a_text_are_verify_errors(old: str, new: str, 
     program = parse_program(MLP_TEXT.replace(old, new))
     with pytest.raises(VerifyError, match=message):
         program.verify()
+
+
+def test_a_version_1_text_parses_with_the_default_vector_start() -> None:
+    """Version 2 added ``vector_start_cycles`` to the hardware line; a version-1 text, which has none,
+    still parses, the field at its default, and prints back as version 2."""
+    old = MLP_TEXT.replace("sparsefx.program 2", "sparsefx.program 1").replace(" vector_start_cycles=2", "")
+    program = parse_program(old)
+    assert program.hardware.vector_start_cycles == HardwareSpec().vector_start_cycles
+    assert print_program(program) == MLP_TEXT
