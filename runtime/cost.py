@@ -9,12 +9,15 @@ The machine model (``docs/architecture.md``, "Executing a program"):
 - A message takes ``hop_cycles`` per hop; a task starts when its message's last wavelet arrives.
 - A PE runs its tasks one at a time in arrival order: a task starts at ``max(arrival, PE free)`` and
   keeps the PE for its cost. Each PE's clock advances by the work it does.
-- A sparse matmul's task is the arrival of input feature ``j``: one AXPY per local nonzero of column
-  ``j``, each ``axpy_cycles(rows)`` (``task_start_cycles + ceil(rows / simd)``), over the block's rows.
-  A message whose vector is all zero is not sent (the sender filters it) and triggers nothing.
+- A task starts once (``task_start_cycles``); each vector operation inside it starts once too
+  (``vector_start_cycles``) and then takes ``ceil(rows / simd)`` over the block's rows.
+- A sparse matmul's task is the arrival of input feature ``j`` on a PE, for one block of rows: one AXPY
+  per local nonzero of column ``j`` (``sparse_task_cycles``: the task start, then ``axpy_cycles`` per
+  nonzero). A message whose vector is all zero is not sent (the sender filters it) and triggers nothing.
 - Other kernels run one task per feature they handle per block, ``task_cycles`` each (``ELEMENT_OPS``
-  operations per element); norms and softmax add an all-reduce of their statistics across lanes.
-- Partial sums go down and up each column to their output lane, then east to the region's edge.
+  vector operations per element); norms and softmax add an all-reduce of their statistics across lanes.
+- Partial sums go down and up each column to their output lane, then east to the region's edge; a PE
+  that receives a partial sum adds it to the one it holds (``partial_add_cycles``, one vector add).
 - In weight-streaming mode each kernel's arrays come from off-mesh memory at ``weight_bytes_per_s``
   (``load_cycles``), loaded while the kernel before runs.
 
@@ -22,19 +25,24 @@ The machine model (``docs/architecture.md``, "Executing a program"):
     >>> hw = HardwareSpec()
     >>> wavelets(128, "float32", hw), wavelets(128, "float16", hw)
     (128, 64)
-    >>> axpy_cycles(128, "float32", hw)  # 8 to start + 128 / 2 SIMD lanes
-    72
+    >>> axpy_cycles(128, "float32", hw)  # 2 to start the vector op + 128 / 2 SIMD lanes
+    66
+    >>> sparse_task_cycles(3, 128, "float32", hw)  # the task starts once (8), then 3 AXPYs
+    206
 """
 
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import torch
 
 from .memory import ROWS_IN_FLIGHT, itemsize
 from .mesh import HardwareSpec
 from .program import Kernel, ProgramData
+
+T = TypeVar("T", int, torch.Tensor)
 
 __all__ = [
     "idle_tasks",
@@ -43,8 +51,13 @@ __all__ = [
     "TRANSCENDENTAL",
     "wavelets",
     "simd",
+    "vector_cycles",
     "axpy_cycles",
+    "sparse_task_cycles",
     "task_cycles",
+    "task_overhead",
+    "partial_add_cycles",
+    "allreduce_cycles",
     "load_cycles",
     "block_rows",
     "rows_of",
@@ -83,14 +96,53 @@ def simd(dtype: str, hw: HardwareSpec) -> int:
     return hw.simd_widths.get(dtype, 1)
 
 
+def vector_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:
+    """One vector operation over ``rows`` values inside a running task: its start plus ``ceil(rows /
+    simd)``."""
+    return hw.vector_start_cycles + math.ceil(rows / simd(dtype, hw))
+
+
 def axpy_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:
-    """One AXPY over ``rows`` values: the task start plus ``ceil(rows / simd)``."""
-    return hw.task_start_cycles + math.ceil(rows / simd(dtype, hw))
+    """One AXPY over ``rows`` values inside a task (``y += w * x``, REFERENCE §4): one vector operation."""
+    return vector_cycles(rows, dtype, hw)
+
+
+def sparse_task_cycles(nonzeros: T, rows: int, dtype: str, hw: HardwareSpec) -> T:
+    """A sparse matmul's task, the arrival of one input column on a PE for one block of ``rows``: the
+    task starts once, then one AXPY per local nonzero of the column. No nonzeros, no task (0). An int,
+    or a tensor of counts (each its own task)."""
+    return (hw.task_start_cycles + nonzeros * axpy_cycles(rows, dtype, hw)) * (nonzeros > 0)
 
 
 def task_cycles(ops: int, rows: int, dtype: str, hw: HardwareSpec) -> int:
-    """A task doing ``ops`` SIMD operations on each of ``rows`` values."""
-    return hw.task_start_cycles + ops * math.ceil(rows / simd(dtype, hw))
+    """A task doing ``ops`` vector operations on each of ``rows`` values: the task starts once, then each
+    operation (``vector_cycles``)."""
+    return hw.task_start_cycles + ops * vector_cycles(rows, dtype, hw)
+
+
+def task_overhead(tasks: T, ops: T, hw: HardwareSpec) -> T:
+    """The part of ``tasks`` tasks doing ``ops`` vector operations in all (AXPYs, or another kernel's SIMD
+    operations) that is not arithmetic: the tasks' starts and the operations' starts. Ints or tensors.
+
+        >>> task_overhead(2, 5, HardwareSpec())  # 2 x 8 + 5 x 2
+        26
+    """
+    return tasks * hw.task_start_cycles + ops * hw.vector_start_cycles
+
+
+def partial_add_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:
+    """A partial sum that reaches a PE holding (or collecting) another part of the same output, for a
+    block of ``rows``: one vector add into the PE's own sum. It runs in the PE's reduction, which reads
+    the arriving vector as its operand, so it pays a vector start but no task start (an assumption: the
+    GEMV mapping of REFERENCE §4 reduces partial sums along the fabric, the cost of an add is not
+    published)."""
+    return vector_cycles(rows, dtype, hw)
+
+
+def allreduce_cycles(lanes: int, hw: HardwareSpec) -> int:
+    """A norm's or softmax's statistics all-reduced across ``lanes`` lanes: down the lanes and back up,
+    a hop and a task start at each step both ways (0 for one lane)."""
+    return 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles) if lanes > 1 else 0
 
 
 def load_cycles(nbytes: int, hw: HardwareSpec) -> int:

@@ -43,18 +43,21 @@ from .blocking import (
 )
 from .cost import (
     ZERO_SKIPPING,
-    axpy_cycles,
+    allreduce_cycles,
     block_rows,
     features_of,
     idle_tasks,
     load_cycles,
     ops_per_element,
+    partial_add_cycles,
     row_streaming_op,
     rows_of,
+    sparse_task_cycles,
     task_cycles,
+    task_overhead,
     wavelets,
 )
-from .intervals import NEVER, Columns, busiest_link, cover, cumcount
+from .intervals import NEVER, Columns, Holders, busiest_link, cumcount, merges
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
 from .program import Kernel, ProgramData, lane_bounds
@@ -357,10 +360,11 @@ class FastClock:
         arr = self.arrivals(value, k, blocks, b, feats, x, y, ("pairs", conv)).clamp_(min=t0)
         live = self._input_live(k)
         sent = None if live is None or conv else blocked(live, b)[:, col]  # None: every message sent
-        axpy = per_block(lambda n: axpy_cycles(n, k.dtype, hw), sizes)
         has = count > 0
         work = has[None, :].expand(blocks, -1) if sent is None else sent & has[None, :]
-        cost = torch.where(work, count[None, :] * axpy[:, None], 0)  # [blocks, pairs]; 0: no task
+        rows, size_of = torch.unique(sizes, return_inverse=True)  # a block size or two
+        each = torch.stack([sparse_task_cycles(count, int(n), k.dtype, hw) for n in rows.tolist()])
+        cost = torch.where(work, each[size_of], 0)  # [blocks, pairs]; 0: no task
         # PEs without a pair are done with every block at t0: only the active ones are timed
         active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
         best, busy_active = queues(at, arr, cost, len(active))
@@ -374,8 +378,13 @@ class FastClock:
         summed = torch.where(work.any(1), wave_out, 0) if sent is not None else wave_out
         south, north, ready = self._reduce(k, s, finish, active, summed, t0)
         flow = self._out_flow(k, ready, b, wave_out)
-        tasks = count * work.sum(0)  # AXPYs of each (PE, column) over the blocks
-        overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, tasks) * hw.task_start_cycles
+        started = work.sum(0)  # tasks of each (PE, column) over the blocks
+        tasks = count * started  # their AXPYs
+        overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, task_overhead(started, tasks, hw))
+        adds = self._kept(k, ("merges",), lambda: self._merges(k, s))  # per block with partial sums
+        data = work.any(1)
+        busy += adds * int(per_block(lambda n: partial_add_cycles(n, k.dtype, hw), sizes)[data].sum())
+        overhead += task_overhead(0, adds * int(data.sum()), hw)
         messages = blocks * len(col) if sent is None else int(sent.sum())
         axpys = int(tasks.sum())
         latest = {value: int(ready.max())} if ready.numel() else {}
@@ -444,22 +453,37 @@ class FastClock:
         occupy = torch.cumsum(per_block, dim=1)  # [width, blocks]
         columns = self._kept(k, ("columns",), lambda: Columns(active, r.width, h))
         moving = travel > 0
-        # An output's sum waits at the slowest row holding a part of it; sums waiting at one row
-        # leave it one message time apart. Pairs with the same column and rows share that row:
-        # find it once per such segment, [blocks, segments].
+        # An output's sum reaches its lane once every row holding a part of it is done and its part
+        # has come the rows between (``Holders.reach``: it merges on its way, as the reference plays
+        # it). Sums held by one row leave it one message time apart: pairs with the same column and
+        # rows share the slowest of those rows, found once per such segment, [blocks, segments].
         slowest = columns.slowest(finish, segments // (h * h), segments // h % h, segments % h, t0).T
-        done_seg, group_seg = slowest // h, slowest % h + (segments // (h * h) * h)[None, :]
-        # The bus starts with the first partial sum that can travel: the earliest segment of moving
-        # pairs to be done (a column with none starts with its first PE done).
+        group_seg = slowest % h + (segments // (h * h) * h)[None, :]
+        holders = self._kept(k, ("holders",), lambda: Holders(s, r.width, h))
+        pair_lane = lane_rank(lane_bounds(s.out_features, lanes), held_o)[0]
+        step = max(1, CHUNK // max(len(held_o), 1))  # blocks at a time: bounded scratch memory
+
+        last: dict[tuple[int, int], torch.Tensor] = {}  # the chunk timed last: the passes below share it
+
+        def reach(q0: int, q1: int) -> torch.Tensor:  # [q1 - q0, pairs]
+            if (q0, q1) not in last:
+                last.clear()
+                last[q0, q1] = holders.reach(finish[:, q0:q1], active, t0, pair_lane, hw.hop_cycles, r.width)
+            return last[q0, q1]
+
+        # The bus starts with the first partial sum that can travel: the earliest a moving pair's sum
+        # could leave its far row and reach the lane in time (a column with none starts with its
+        # first PE done).
         first_done = in_column = columns.first(finish, t0)
         users = _users(held_x, moving, r.width)
         if bool(moving.any()):
-            seg_x = segments // (h * h)
-            go = torch.zeros(len(segments), dtype=torch.bool)
-            go[seg_of[moving]] = True
-            per_seg = done_seg[:, go].T  # [segments, blocks]
-            index = seg_x[go][:, None].expand_as(per_seg)
-            first_done = torch.full_like(first_done, NEVER).scatter_reduce_(0, index, per_seg, "amin")
+            first_done = torch.full_like(first_done, NEVER)
+            leave = (travel[moving] * hw.hop_cycles)[None, :]
+            index = held_x[moving][:, None]
+            for q0 in range(0, blocks, step):
+                q1 = min(q0 + step, blocks)
+                per_pair = (reach(q0, q1)[:, moving] - leave).T  # [moving pairs, blocks]
+                first_done[:, q0:q1].scatter_reduce_(0, index.expand_as(per_pair), per_pair, "amin")
             first_done = first_done.minimum(torch.where(users[:, None] > 0, NEVER, in_column))
         bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
         before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
@@ -469,9 +493,7 @@ class FastClock:
         to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
         ready = torch.full((blocks, s.out_features), t0, dtype=torch.int64)
         still = ~moving
-        if bool(still.any()):  # no partial sum travels: the sum leaves from where it is
-            at = done_seg[:, seg_of[still]] + to_edge[held_x[still]][None, :]
-            ready.scatter_reduce_(1, held_o[still][None, :].expand_as(at), at, "amax")
+        edge, o_s = to_edge[held_x[still]][None, :], held_o[still][None, :]
         if bool(moving.any()):
             seg_m, x_m, o_m = seg_of[moving], held_x[moving], held_o[moving]
             lead = travel[moving] * hw.hop_cycles + to_edge[x_m]
@@ -484,22 +506,34 @@ class FastClock:
             within = torch.arange(len(seg_m)) - starts[run_of]
             run_seg = seg_m[starts]
             earlier = cumcount(group_seg[:, run_seg], torch.diff(starts, append=torch.tensor([len(seg_m)])))
-            bus_run, done_run = bus_start.T[:, x_m[starts]], done_seg[:, run_seg]
+            bus_run = bus_start.T[:, x_m[starts]]
             rank_m, o_m = rank[moving], o_m[None, :]
-            step = max(1, CHUNK // len(seg_m))  # blocks at a time: bounded scratch memory
-            offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-            for q0, q1, w in wave_runs(wave_out, step):  # blocks whose messages have the same wavelets
-                if w not in offsets:  # on the bus after the pairs before; at the row after its run
-                    offsets[w] = ((rank_m * w).add_(lead)[None, :], (within * w).add_(lead)[None, :])
-                on_bus, at_row = offsets[w]
-                at = torch.index_select(bus_run[q0:q1], 1, run_of).add_(on_bus)
-                queued = torch.index_select(done_run[q0:q1] + earlier[q0:q1] * w, 1, run_of).add_(at_row)
-                torch.maximum(at, queued, out=at)
-                ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
+        offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for q0, q1, w in wave_runs(wave_out, step):  # blocks whose messages have the same wavelets
+            arrive = reach(q0, q1)
+            if bool(still.any()):  # no partial sum travels: the sum leaves from where it is
+                at = arrive[:, still] + edge
+                ready[q0:q1].scatter_reduce_(1, o_s.expand_as(at), at, "amax")
+            if not bool(moving.any()):
+                continue
+            if w not in offsets:  # on the bus after the pairs before; at the lane after its run
+                offsets[w] = ((rank_m * w).add_(lead)[None, :], (within * w).add_(to_edge[x_m])[None, :])
+            on_bus, at_row = offsets[w]
+            at = torch.index_select(bus_run[q0:q1], 1, run_of).add_(on_bus)
+            queued = torch.index_select(earlier[q0:q1] * w, 1, run_of).add_(arrive[:, moving])
+            torch.maximum(at, queued.add_(at_row), out=at)
+            ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
         # an output is ready once every column holding a part of it has sent it on
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
             ready = ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
         return south, north, ready
+
+    def _merges(self, k: Kernel, s: Layout) -> torch.Tensor:
+        """``[region pes]``: the partial-sum adds each PE does per block (``intervals.merges``)."""
+        lanes = kernel_lanes(k, s.out_features)
+        lane = lane_rank(lane_bounds(s.out_features, lanes), torch.arange(s.out_features))[0]
+        holders = self._kept(k, ("holders",), lambda: Holders(s, k.region.width, k.region.height))
+        return merges(s, k.region.width, k.region.height, lane, holders)
 
     def _segments(self, k: Kernel, s: Layout, lanes: int) -> tuple[torch.Tensor, ...]:
         """``_column_load``, with the rows of each pair as one segment id ``(column * h + first) * h +
@@ -523,7 +557,8 @@ class FastClock:
         """
         r = k.region
         out_f = s.out_features
-        keys, ymin, ymax = cover(s, r.width, r.height)
+        held = self._kept(k, ("holders",), lambda: Holders(s, r.width, r.height))
+        keys, ymin, ymax = held.keys, held.ymin, held.ymax
         px, o = keys // max(out_f, 1), keys % max(out_f, 1)
         lane = lane_rank(lane_bounds(out_f, lanes), o)[0]
         south = torch.zeros((r.width, r.height + 1), dtype=torch.int64)
@@ -573,13 +608,14 @@ class FastClock:
             fin = torch.where(idle, arr, fin)
         extra = 0
         if k.op in REDUCING_STATS and lanes > 1:
-            extra = 2 * ((lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
+            extra = allreduce_cycles(lanes, hw)
         east = r.x + r.width - 1
         done = fin.amax(dim=1, keepdim=True) + extra if extra else fin  # the all-reduce: a barrier
         flow = self._out_flow(k, done + ((east - px) * hw.hop_cycles)[None, :], b, wave)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
+        ran = (cost_b > 0).reshape(-1).to(torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(
-            0, pes_b.reshape(-1), (cost_b > 0).reshape(-1).to(torch.int64) * hw.task_start_cycles
+            0, pes_b.reshape(-1), task_overhead(ran, ran * ops, hw)
         )
         kt = KernelTime(
             k.name,

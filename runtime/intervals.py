@@ -132,60 +132,144 @@ def cumcount(key: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return ((earlier - ahead[starts])[run] + ahead).reshape(rows, n)
 
 
+class Holders:
+    """Which rows of each column hold a part of each output of a sparse matmul's region (``cover``),
+    and the largest of a per-PE value over each (column, output) pair's holding rows (``most``).
+
+    Each PE's cyclic output range is one or two intervals of keys ``column * out_features + output``.
+    Their ends cut the keys into segments that every interval covers whole or not at all, so the rows
+    are found per segment (``stab``) and only the held segments are spread out to keys: the work follows
+    the PEs and the held pairs, never the outputs times the PEs that hold them."""
+
+    def __init__(self, s: Layout, width: int, height: int) -> None:
+        out_f = s.out_features
+        span = s.span.clamp(max=out_f)
+        pe = (span > 0).nonzero().squeeze(1)
+        none = torch.zeros(0, dtype=torch.int64)
+        self.keys, self.ymin, self.ymax, self.segment = none, none, none, none
+        self.a, self.b, self.pe, self.segments = none, none, none, 0
+        if len(pe) == 0:
+            return
+        lo = s.out_lo[pe].to(torch.int64) % out_f
+        hi = lo + span[pe]
+        base = pe % width * out_f
+        wrap = hi > out_f  # the part past the last output starts again at output 0
+        starts = torch.cat([base + lo, base[wrap]])
+        ends = torch.cat([base + hi.clamp(max=out_f), base[wrap] + hi[wrap] - out_f])
+        self.pe = torch.cat([pe, pe[wrap]])  # each interval's PE
+        rows = self.pe // width
+        cuts = torch.unique(torch.cat([starts, ends]))
+        self.a, self.b = torch.searchsorted(cuts, starts), torch.searchsorted(cuts, ends)  # segments [a, b)
+        self.segments = len(cuts) - 1
+        first = stab(self.a, self.b, rows, self.segments, height, "amin")
+        last = stab(self.a, self.b, rows, self.segments, -1, "amax")
+        held = (last >= 0).nonzero().squeeze(1)
+        length = cuts[held + 1] - cuts[held]
+        total = int(length.sum())
+        offset = torch.repeat_interleave(torch.cumsum(length, 0) - length, length, output_size=total)
+        keys = torch.repeat_interleave(cuts[held], length, output_size=total)
+        self.keys = keys + torch.arange(total) - offset
+        self.segment = torch.repeat_interleave(held, length, output_size=total)  # each key's segment
+        self.ymin, self.ymax = first[self.segment], last[self.segment]
+
+    def reach(
+        self, finish: torch.Tensor, active: torch.Tensor, t0: int, lane: torch.Tensor, hop: int, width: int
+    ) -> torch.Tensor:
+        """``[blocks, pairs]``: when each held pair's sum reaches its lane with nothing in its way, the
+        latest over its holding rows ``y`` of ``finish + |y - lane| * hop``. ``finish[i, q]``: when PE
+        ``active[i]`` is done with block ``q`` (any other PE at ``t0``); ``lane[i]``: pair ``i``'s lane.
+
+        ``|y - lane|`` is the larger of ``y - lane`` and ``lane - y``, so the latest is the larger of
+        ``max(finish - y) + lane`` and ``max(finish + y) - lane``: two maxima over the holders, found
+        per segment, whatever the lane."""
+        blocks = finish.shape[1]
+        if not len(self.keys):
+            return torch.zeros((blocks, 0), dtype=torch.int64)
+        if len(active):
+            at = torch.searchsorted(active, self.pe).clamp_(max=len(active) - 1)
+            done = torch.where((active[at] == self.pe)[:, None], finish[at], t0)
+        else:
+            done = torch.full((len(self.pe), blocks), t0, dtype=torch.int64)
+        y = (self.pe // width * hop)[:, None]
+        both = stab(self.a, self.b, torch.cat([done - y, done + y], 1), self.segments, -NEVER, "amax")
+        both = both[self.segment]
+        span = (lane * hop)[:, None]
+        return torch.maximum(both[:, :blocks] + span, both[:, blocks:] - span).T
+
+
 def cover(s: Layout, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each (column, output) pair some PE holds a part of, as ascending keys ``column * out_features +
-    output``, with the first and last row holding one.
-
-    Each PE's cyclic output range is one or two intervals of keys. Their ends cut the keys into
-    segments that every interval covers whole or not at all, so the rows are found per segment
-    (``stab``) and only the held segments are spread out to keys: the work follows the PEs and the
-    held pairs, never the outputs times the PEs that hold them."""
-    out_f = s.out_features
-    span = s.span.clamp(max=out_f)
-    pe = (span > 0).nonzero().squeeze(1)
-    if len(pe) == 0:
-        none = torch.zeros(0, dtype=torch.int64)
-        return none, none, none
-    lo = s.out_lo[pe].to(torch.int64) % out_f
-    hi = lo + span[pe]
-    base = pe % width * out_f
-    wrap = hi > out_f  # the part past the last output starts again at output 0
-    starts = torch.cat([base + lo, base[wrap]])
-    ends = torch.cat([base + hi.clamp(max=out_f), base[wrap] + hi[wrap] - out_f])
-    rows = torch.cat([pe // width, (pe // width)[wrap]])
-    cuts = torch.unique(torch.cat([starts, ends]))
-    a, b = torch.searchsorted(cuts, starts), torch.searchsorted(cuts, ends)  # segments [a, b)
-    segments = len(cuts) - 1
-    first = stab(a, b, rows, segments, height, "amin")
-    last = stab(a, b, rows, segments, -1, "amax")
-    held = (last >= 0).nonzero().squeeze(1)
-    length = cuts[held + 1] - cuts[held]
-    total = int(length.sum())
-    offset = torch.repeat_interleave(torch.cumsum(length, 0) - length, length, output_size=total)
-    keys = torch.repeat_interleave(cuts[held], length, output_size=total) + torch.arange(total) - offset
-    ymin = torch.repeat_interleave(first[held], length, output_size=total)
-    ymax = torch.repeat_interleave(last[held], length, output_size=total)
-    return keys, ymin, ymax
+    output``, with the first and last row holding one (``Holders``)."""
+    held = Holders(s, width, height)
+    return held.keys, held.ymin, held.ymax
 
 
 def stab(a: torch.Tensor, b: torch.Tensor, value: torch.Tensor, n: int, empty: int, how: str) -> torch.Tensor:
     """``[n]``: the least (``how="amin"``) or largest (``"amax"``) ``value[i]`` of the ranges ``a[i] ..
-    b[i] - 1`` (non-empty) that hold each index, ``empty`` where none does. Each range is two blocks of a
+    b[i] - 1`` (non-empty) that hold each index, ``empty`` where none does (``[n, blocks]`` for a
+    ``value`` of ``[ranges, blocks]``: each column on its own). Each range is two blocks of a
     power-of-two length ``2^j``, as in a sparse table; a level's blocks then pass their value to the
     two halves below, from the longest level down, so the work is the indices times the levels."""
     level = torch.floor(torch.log2((b - a).to(torch.float64))).to(torch.int64)
     top = int(level.max()) if len(level) else 0
     pick = torch.minimum if how == "amin" else torch.maximum
-    best = torch.full((n,), empty, dtype=torch.int64)
+    shape = (n, *value.shape[1:])  # a value per range, or a row of them (``[ranges, blocks]``)
+    best = torch.full(shape, empty, dtype=torch.int64)
     for j in range(top, -1, -1):
-        here = torch.full((n,), empty, dtype=torch.int64)
+        here = torch.full(shape, empty, dtype=torch.int64)
         m = level == j
         if bool(m.any()):
             at = torch.cat([a[m], b[m] - (1 << j)])
-            here.scatter_reduce_(0, at, value[m].repeat(2), how)
+            v = value[m].repeat(2, *([1] * (value.dim() - 1)))
+            here.scatter_reduce_(0, at.reshape(-1, *([1] * (value.dim() - 1))).expand_as(v), v, how)
         if j < top:  # a block 2^(j+1) long at i covers the blocks 2^j long at i and at i + 2^j
             here = pick(here, best)
             half = 1 << j
             here[half:] = pick(here[half:], best[:-half])
         best = here
     return best
+
+
+def merges(
+    s: Layout, width: int, height: int, lanes: torch.Tensor, held: Holders | None = None
+) -> torch.Tensor:
+    """``[width * height]``: the partial-sum adds each PE of a sparse matmul's region does per block.
+
+    ``lanes[o]`` is output ``o``'s lane (a row of the region). A column's parts of an output travel to
+    its lane and merge on the way: each holding row a part passes adds it in, and the lane's PE adds
+    what meets there (its own part and one sum from each side, or the two sides' sums); then each
+    column east of the output's first adds the sum arriving from the west. The reference executor
+    plays the same adds message by message (``ReferenceMachine._reduce``). ``held``: the region's
+    ``Holders`` when the caller has them.
+
+        >>> from sparsefx.runtime.layout import Layout
+        >>> one = torch.tensor([0, 0, 0])  # 1 column, 3 rows, each holding output 0 (lane 1)
+        >>> s = Layout(1, 1, one, one + 1, one, one + 1, one + 1)
+        >>> merges(s, 1, 3, torch.tensor([1])).tolist()  # both sides' sums meet the lane's own part
+        [0, 2, 0]
+    """
+    out_f = s.out_features
+    adds = torch.zeros(width * height, dtype=torch.int64)
+    held = held or Holders(s, width, height)
+    keys, ymin, ymax = held.keys, held.ymin, held.ymax
+    if len(keys) == 0:
+        return adds
+    span = s.span.clamp(max=out_f).to(torch.int64)
+    pe = torch.repeat_interleave(torch.arange(width * height), span)  # each (PE, output) held
+    first = torch.cumsum(span, 0) - span
+    o = (s.out_lo.to(torch.int64)[pe] + torch.arange(len(pe)) - first[pe]) % out_f
+    pair = torch.searchsorted(keys, pe % width * out_f + o)
+    y, lane = pe // width, lanes[o]
+    lo, hi = ymin[pair], ymax[pair]
+    own = ((y < lane) & (y > lo)) | ((y > lane) & (y < hi))  # a sum passes it on its way to the lane
+    at_lane = (y == lane).to(torch.int64) * ((lo < lane).to(torch.int64) + (hi > lane).to(torch.int64))
+    adds.index_add_(0, pe, own.to(torch.int64) + at_lane)
+    column, output = keys // out_f, keys % out_f
+    lane_k = lanes[output]
+    held_at_lane = torch.zeros(len(keys), dtype=torch.bool)
+    held_at_lane[pair[y == lane]] = True
+    sides = ~held_at_lane & (ymin < lane_k) & (ymax > lane_k)  # the two sides meet at a PE holding none
+    west = torch.full((out_f,), width, dtype=torch.int64).scatter_reduce(0, output, column, "amin")
+    east = column > west[output]  # a sum from the west adds in
+    adds.index_add_(0, lane_k * width + column, sides.to(torch.int64) + east.to(torch.int64))
+    return adds

@@ -18,7 +18,8 @@
   have run and its previous block is done.
 - **Partial sums** go down and up each column to their output's lane, merging on each PE that holds
   the same output (it sends on when its own block is done and the sum from above has arrived), then
-  east along the lane across the columns holding it, then to the region's east edge.
+  east along the lane across the columns holding it, then to the region's east edge. Each merge is a
+  vector add on the PE where the parts meet (``partial_add_cycles``, part of that PE's work).
 - **Kernels** all start at cycle 0 in a pipelined program. In a streaming one each starts when the
   kernel before has ended and its own weights are loaded (``load_cycles``, loaded while the kernel
   before runs), and reads stored values sent again in its own step.
@@ -46,15 +47,18 @@ import torch
 from sparsefx.errors import EmulationError
 
 from .cost import (
-    axpy_cycles,
+    allreduce_cycles,
     block_rows,
     features_of,
     idle_tasks,
     load_cycles,
     ops_per_element,
+    partial_add_cycles,
     row_streaming,
     rows_of,
+    sparse_task_cycles,
     task_cycles,
+    task_overhead,
     wavelets,
 )
 from .evaluate import bind_inputs, rebuild_outputs
@@ -405,12 +409,13 @@ class ReferenceMachine:
                         for qs in src.cover(q, v.block, rows, streams)
                     )
         idle = idle_tasks(k.op, heard, v.flags)
-        cost = [task_cycles(ops_per_element(self.p, k), n, k.dtype, hw) for n in sizes]
+        ops = ops_per_element(self.p, k)
+        cost = [task_cycles(ops, n, k.dtype, hw) for n in sizes]
         busy = torch.zeros(r.pes, dtype=torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64)
         extra = 0
         if k.op in REDUCING_STATS and v.lanes > 1:  # the statistics' all-reduce across the lanes
-            extra = 2 * ((v.lanes - 1) * hw.hop_cycles + hw.task_start_cycles)
+            extra = allreduce_cycles(v.lanes, hw)
         run.fields = {"busy": busy, "overhead": overhead, "blocks": blocks, "messages": blocks * f_all}
         run.left = blocks * f_all
         for q in range(blocks):
@@ -422,7 +427,7 @@ class ReferenceMachine:
             for f in range(f_all):
                 c = 0 if idle is not None and idle[q, f] else cost[q]
                 busy[place[f][2]] += c
-                overhead[place[f][2]] += hw.task_start_cycles if c else 0
+                overhead[place[f][2]] += task_overhead(1, ops, hw) if c else 0
 
                 def finish(t: int, q: int = q, f: int = f, barrier: _Join = barrier) -> None:
                     if extra:
@@ -484,8 +489,8 @@ class ReferenceMachine:
                     if not sent[q][j]:
                         skipped_axpys += n
                     elif n:
-                        busy[pe] += n * axpy_cycles(sizes[q], k.dtype, hw)
-                        overhead[pe] += n * hw.task_start_cycles
+                        busy[pe] += sparse_task_cycles(n, sizes[q], k.dtype, hw)
+                        overhead[pe] += task_overhead(1, n, hw)
                         axpys += n
                         ran.add(q)
         run.fields = {
@@ -511,7 +516,7 @@ class ReferenceMachine:
                 for j, n in columns[pe]:
                     f = v.features - 1 if conv else j
                     cover = v.cover(q, b, rows, streams)
-                    cost = n * axpy_cycles(sizes[q], k.dtype, hw) if sent[q][j] and n else 0
+                    cost = sparse_task_cycles(n, sizes[q], k.dtype, hw) if sent[q][j] else 0
 
                     def arrived(
                         a: int, pe: int = pe, q: int = q, j: int = j, cost: int = cost, bar: _Join = barrier
@@ -540,6 +545,7 @@ class ReferenceMachine:
             cx, cy = pe % r.width, pe // r.width
             for i in range(span[pe]):
                 holders.setdefault((cx, (out_lo[pe] + i) % max(out_f, 1)), []).append(cy)
+        self._adds(run, holders, lane_of, wave)
         south = torch.zeros((r.width, r.height), dtype=torch.int64)
         north = torch.zeros((r.width, r.height), dtype=torch.int64)
         run.fields["bus"] = (south, north)
@@ -583,6 +589,32 @@ class ReferenceMachine:
             for g in gates:
                 if g.left == 0:
                     self.ev.at(run.t0, g.then, run.t0)
+
+    def _adds(
+        self, run: _Run, holders: dict[tuple[int, int], list[int]], lane_of: list[int], wave: list[int]
+    ) -> None:
+        """Each PE where two parts of an output meet adds one into the other (``partial_add_cycles``):
+        a holding row that a side's sum passes, the lane's PE (every part that meets there but one),
+        and each column east of the output's first. A block whose sums are all zero sends none and adds
+        nothing. The adds are the PE's work, not the sum's way: an add keeps pace with the wavelets it
+        reads (``runtime/cost.py``); the fast clock counts the same (``intervals.merges``)."""
+        k, r = run.k, run.k.region
+        sizes = _sizes(run.out.rows, run.out.block)
+        cycles = sum(partial_add_cycles(n, k.dtype, self.hw) for n, w in zip(sizes, wave) if w)
+        count = torch.zeros(r.pes, dtype=torch.int64)  # adds per block
+        west: dict[int, int] = {}
+        for (cx, o), ys in holders.items():
+            lane = lane_of[o]
+            above, below = sorted(y for y in ys if y < lane), sorted(y for y in ys if y > lane)
+            for y in above[1:] + below[:-1]:  # each side's sum starts at its farthest holder
+                count[y * r.width + cx] += 1
+            count[lane * r.width + cx] += max((lane in ys) + bool(above) + bool(below) - 1, 0)
+            west[o] = min(west.get(o, cx), cx)
+        for cx, o in holders:
+            if cx > west[o]:  # the sum from the west adds in
+                count[lane_of[o] * r.width + cx] += 1
+        run.fields["busy"] += count * cycles
+        run.fields["overhead"] += task_overhead(0, count * sum(1 for w in wave if w), self.hw)
 
     def _gate(self, gate: _Join) -> Callable[[int, int], None]:
         gate.left += 1

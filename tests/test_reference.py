@@ -19,8 +19,9 @@ from sparsefx.runtime import reuse
 CYCLE_TOLERANCE = 0.05
 """Largest relative gap between the executors' cycle counts on the programs below. The fast clock
 approximates the event-driven reference's queues; ``benchmarks/agreement.py`` measures the named corpus
-(fast over reference, this session): MLP 16x16 0.983 to 1.023 in every mode and placement, the Hugging
-Face GPT-2 0.969 to 0.972 streaming on 16x16 and 1.009 to 1.021 pipelined on 128x16."""
+(fast over reference, this session): MLP 16x16 0.976 to 1.041 in every mode, placement and zero
+pattern (1.041 pipelined, balanced, every other input feature zero), the Hugging Face GPT-2 0.974 to
+0.975 streaming on 16x16 and 0.989 to 0.991 pipelined on 128x16."""
 
 CASES = [
     (name, mesh, mode, placement)
@@ -117,13 +118,13 @@ def test_reference_counts_filtered_zeros(built, seed):
     assert ref.stats.skipped_axpys > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 23, item 3): the fast clock orders a column's "
-    "partial sums by output index, the event-driven reference by arrival; 6.0% here",
-)
 def test_reference_agrees_when_every_other_input_feature_is_zero(built):
-    """Structured zeros: every other input feature of the MLP is zero."""
+    """Structured zeros: every other input feature of the MLP is zero. The fast clock was 6.0% over the
+    reference here (6.2% once each task started once): it let a column's partial sum of an output leave
+    only once the slowest row of its rows' range was done, holding a part or not, and then added every
+    row of travel. It now takes the latest over the rows holding a part of each one's done plus its
+    rows to the lane, as the reference's joins do (``intervals.Holders.reach``): 4.1%. The column's
+    sums still go in output order in the fast clock and by arrival in the reference."""
     sm, args = built["mlp"]
     program = sparsefx.lower(sm, args, mesh=(16, 16))
     x = args[0].clone() if isinstance(args, tuple) else args.clone()

@@ -1,7 +1,8 @@
 """Rows in flight: how many rows of a value each kernel takes per block (the AXPY length of a matmul).
 
-A sparse matmul's task is one AXPY per nonzero over the rows of a block, so long blocks spread the
-task start over more rows; short blocks keep the accumulators small and let the partial sums of one
+A sparse matmul's task is one input column's AXPYs (one per nonzero) over the rows of a block, so long
+blocks spread the task's start and the AXPYs' vector starts over more rows; short blocks keep the
+accumulators small and let the partial sums of one
 block travel while the next is computed. ``plan_blocks`` times each sparse matmul alone at every
 block size that fits its PEs' SRAM (``runtime.alone.time_alone``: the emulator's own cost rules),
 longest first, and keeps the fastest; once two sizes in a row are slower than the best so far it

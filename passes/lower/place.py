@@ -99,9 +99,9 @@ def _widths(limit: int) -> Iterator[int]:
 def max_width(p: Pending, lanes: int, mesh: MeshSpec) -> int:
     """Most columns a kernel can use: a matmul's outputs; one column for cheap elementwise kernels.
 
-    Every AXPY starts a task, so a PE with few nonzeros costs no more per nonzero than one with many:
-    a sparse matmul takes as many columns as it has outputs, and its partial sums share more columns'
-    buses."""
+    Every AXPY starts a vector operation, so a PE with few nonzeros costs little more per nonzero than
+    one with many: a sparse matmul takes as many columns as it has outputs, and its partial sums share
+    more columns' buses."""
     if p.sparse is not None:
         return max(1, min(mesh.width, p.sparse.weight.shape[0]))
     if p.op == "matmul":

@@ -7,8 +7,9 @@ run one after another over the whole mesh, and a ``cat`` layout kernel under the
 the outputs back together, so consumers read the same value.
 
 ``plan_passes`` sizes the parts for blocks of ``PASS_ROWS`` rows in flight (all the rows when fewer),
-not the 2 rows that merely fit: every AXPY starts a task, so an AXPY over 128 fp32 rows spends 8 of its
-72 cycles starting (the default task start) and one over 4 rows 8 of 10. A part's accumulators hold
+not the 2 rows that merely fit: every AXPY starts a vector operation and every input column a task,
+so an AXPY over 128 fp32 rows spends 2 of its 66 cycles starting (the default vector start) and one
+over 4 rows 2 of 4, each task's start (8) shared by fewer rows too. A part's accumulators hold
 its outputs times its rows in flight, so more rows take more parts; when that would pass
 ``MAX_PASSES`` (the ``cat`` reads every part on its own color) it sizes for half the rows, and so on
 down to 2. Convolutions, whose blocks are whole images, are sized for 2 rows::
