@@ -231,13 +231,32 @@ def _fits_at(program: sparsefx.DataflowProgram, k, rows: int) -> bool:
         k.attrs["rows_in_flight"] = had
 
 
+def _longest(program: sparsefx.DataflowProgram, k, sram: int) -> int:
+    """The longest block size ``plan_blocks`` tries for ``k`` at which its busiest PE, laid out as it is
+    in ``program``, fits ``sram`` bytes (0: none)."""
+    had = k.attrs["rows_in_flight"]
+    try:
+        for b in candidates(rows_of(k.shape)):
+            k.attrs["rows_in_flight"] = b
+            if sram_needed(program, k) <= sram:
+                return b
+        return 0
+    finally:
+        k.attrs["rows_in_flight"] = had
+
+
 def test_rows_in_flight_are_chosen_within_sram(builtins, gpt_tiny):
     """With a PE's SRAM one byte short of what the busiest PE of gpt-tiny's roomy program needs, every
-    kernel's rows in flight keep its busiest PE within it, and the SRAM is what cut them: a sparse matmul
-    whose block shrank would not fit at its roomy size, and any other kernel takes the rows its inputs
-    stream (or all its rows), halved only while they do not fit (``plan_blocks``)."""
+    kernel's rows in flight keep its busiest PE within it, and the SRAM is what cut them. A sparse matmul
+    whose block shrank on the same region lost its longest blocks to the SRAM, in the layout it has or
+    in the one it had with room: the block search keeps a shorter, busier block only within
+    ``BUSY_SLACK`` of the longest that fits, and the row-cut limit is chosen with the blocks, so a layout
+    that loses its longest block can give way to another or to a shorter block even where the roomy
+    size would still fit. Any other kernel takes the rows its inputs stream (or all its rows), halved
+    only while they do not fit (``plan_blocks``)."""
     sm, args = builtins["gpt-tiny"]
     roomy = gpt_tiny
+    room = roomy.hardware.sram_bytes
     short = max(sram_needed(roomy, k) for k in roomy.kernels) - 1
     program = sparsefx.lower(sm, args, mesh=LOWER_MESH["gpt-tiny"], hardware=HardwareSpec(sram_bytes=short))
     assert all(isinstance(k.attrs["dense"]["region"], list) for k in program.kernels)
@@ -252,7 +271,9 @@ def test_rows_in_flight_are_chosen_within_sram(builtins, gpt_tiny):
             was = roomy.kernel(k.name)
             if b < was.attrs["rows_in_flight"] and k.region == was.region:
                 cut += 1
-                assert not _fits_at(program, k, was.attrs["rows_in_flight"]), k.name
+                here = _longest(program, k, short) < _longest(program, k, room)
+                there = _longest(roomy, was, short) < _longest(roomy, was, room)
+                assert here or there, (k.name, b, was.attrs["rows_in_flight"], k.attrs.get("drift"))
             continue
         aligned = [chosen[v] for v in k.inputs if v in chosen and row_streaming(program, k, v)]
         sizes = [min(aligned) if aligned else max(rows_of(k.shape), 1)]

@@ -110,10 +110,13 @@ def test_speedups_stay_within_their_ideals_and_sparser_is_never_slower(name: str
 
 def test_a_speedup_above_the_flop_ratio_is_named_with_the_utilizations_behind_it() -> None:
     """LLaMA with its cache, pipelined on 96x8, one column per kernel at least: the dense matmuls share
-    the 28 columns left, and sparsity frees some of them. Its latency at 99% gains 2.055x against a FLOP
-    ratio of 2.012x, and its throughput at 90% 2.0x against 1.843x. The run says so: each figure above
-    the ratio comes with the sparse program keeping more of the mesh busy than its baseline (a speedup
-    is busy work saved times that), which is what lets it exceed. Sparser is still never slower."""
+    the 28 columns left, and sparsity frees some of them. Its latency at 99% gains 2.100x against a FLOP
+    ratio of 2.012x, with 6.0% of the PEs busy against the baseline's 4.8%. The run says so: each figure
+    above the ratio comes with the sparse program keeping more of the mesh busy than its baseline (a
+    speedup is busy work saved times that), which is what lets it exceed. Sparser is still never
+    slower. (Its throughput at 90% also gained 2.0x against 1.843x while the vector operations of other
+    kernels' tasks started for free; each paying its start, the dense ops set both programs' intervals,
+    and it gains 1.08x.)"""
     runs = _runs("hf-llama-cache", "pipelined", mesh=(96, 8), sparsities=(0.9, 0.99))
     assert runs[1].cycles <= runs[0].cycles
     named = 0
@@ -131,7 +134,8 @@ def test_a_speedup_above_the_flop_ratio_is_named_with_the_utilizations_behind_it
                 named += 1
             else:
                 assert what not in note, (s, note)
-    assert named >= 2, [r.dense.beyond_flop_ratio for r in runs]
+    notes = [r.dense.beyond_flop_ratio for r in runs]
+    assert named >= 1 and "latency" in notes[1], notes
     wider = (0.9, 0.99)  # on 160x8 the dense matmuls have room: every figure within its ideal
     _check("hf-llama-cache", "pipelined", _runs("hf-llama-cache", "pipelined", (160, 8), wider), wider)
 

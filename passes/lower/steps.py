@@ -135,9 +135,9 @@ class PlaceData:
     Pipelined, the spare columns are shared by work, and a sparse matmul's work shrinks with its
     nonzeros while its outputs still have to leave it: at 99% a one-column layer can be slower than
     the same layer at 90% on five. So two shares are candidates, by the kernels' sparse work and by
-    the work their dense weights would have (the dense baseline's share), and the fast clock keeps the
-    one with the shorter steady-state interval (then the shorter latency); with every mask all ones the
-    two are the same."""
+    the work their dense weights would have (the dense baseline's share); with every mask all ones the
+    two are the same. Both are placed here (``state.meta["candidates"]``, the first also as
+    ``state.program``), and ``plan-blocks`` keeps the one that is faster with its own block plan."""
 
     name: ClassVar[str] = "place-data"
     attempts: int = 6
@@ -150,8 +150,7 @@ class PlaceData:
             if dense != candidates[0]:
                 candidates.append(dense)
         fitted = [self._fit(state, lanes, works, list(state.widths)) for works in candidates]
-        if len(fitted) > 1:
-            fitted.sort(key=lambda pw: _finish(pw[0])[::-1])
+        state.meta["candidates"] = fitted
         state.program, state.widths = fitted[0]
         return PassResult(state, True)  # type: ignore[arg-type]
 
@@ -200,6 +199,11 @@ class PlaceData:
         return p, grow
 
 
+def _labelled(report: Any, label: str) -> Any:
+    """``report`` with ``label`` after each kernel's name."""
+    return lambda name, done, total: report(f"{name} ({label})", done, total)
+
+
 def _finish(program: DataflowProgram) -> tuple[int, int]:
     """(cycles, interval) of ``program`` on the fast clock, every activation taken as nonzero."""
     timeline = simulate(program)
@@ -235,17 +239,30 @@ def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed
 @dataclass(frozen=True)
 class PlanBlocks:
     """Each sparse matmul's mapping (``tune.py``: streaming, its width; balanced, its row cuts' limit),
-    every kernel's rows in flight (``blocks.py``), and the dense baseline's plan (``dense_plan.py``)."""
+    every kernel's rows in flight (``blocks.py``), and the dense baseline's plan (``dense_plan.py``).
+
+    With two placements to choose from (``place-data``'s shares of the columns), each gets its own
+    mapping and block plan, and the fast clock keeps the one with the shorter latency, then the shorter
+    steady-state interval: a share is judged with the blocks it will run in, on the figure a run
+    reports first. (Judged before its blocks were planned, in blocks of ``ROWS_IN_FLIGHT`` rows, and
+    by interval first, gpt-tiny pipelined on 160x8 under an earlier cost model kept the share by sparse
+    work at 99%: 640 cycles an input against 704, but 7,154 cycles of latency against 5,388, and it
+    ran slower than at 90%.)"""
 
     name: ClassVar[str] = "plan-blocks"
 
     def __call__(self, state: LoweringState) -> PassResult:
+        report = state.meta.get("on_kernel")
+        candidates = state.meta.pop("candidates", None) or [(state.program, state.widths)]
+        for i, (program, widths) in enumerate(candidates):
+            narrowest = {p.name: w for p, w in zip(state.pending, widths)}
+            label = report if i == 0 or report is None else _labelled(report, "share by dense work")
+            plan_blocks(program, tune_sparse(program, state.pending, narrowest, state.placement, label))
+        if len(candidates) > 1:
+            candidates = sorted(candidates, key=lambda pw: _finish(pw[0]))
+        state.program, state.widths = candidates[0]
         program = state.program
         assert program is not None
-        narrowest = {p.name: w for p, w in zip(state.pending, state.widths)}
-        report = state.meta.get("on_kernel")
-        found = tune_sparse(program, state.pending, narrowest, state.placement, report)
-        plan_blocks(program, found)
         plan_dense(program, state.pending, state.meta["lanes"], report)
         for k in program.kernels:  # measured when placed; the rows in flight chosen here add buffers
             if "sram_max" in k.stats:
