@@ -9,9 +9,9 @@ clock, so its choices depend on the costs; ``sparsefx.lower(..., hardware=...)``
 fast executor. Each variant reports its total sparse cycles, the dense baseline's cycles, the linear
 layers' realized speedup (``stats.dense.linear_realized``) and its fraction of the ideal 1/(1-s), and
 the whole model's speedup (``stats.dense.realized``) and its fraction of its FLOP ratio. The console
-table adds the data-movement ceiling (``benchmarks/run.py``'s: the dense linear cycles over the least
-any mapping could take) and the weight-load part of the critical path, the bounds that bind in
-streaming mode at 1 x 128 tokens.
+table adds the linear layers' data-movement ceiling (``benchmarks/run.py``'s: the dense linear cycles
+over the least any mapping could take, which activations moving through the mesh's links set) and
+their speedup's fraction of it; the JSON (``--json``) adds where the cycles go (``stats.dense.parts``).
 
 The assumptions varied are the ``HardwareSpec`` fields that ``runtime/mesh.py`` and
 ``docs/machine-model.md`` mark "assumption":
@@ -32,14 +32,15 @@ the hop (``hop_cycles``), the wavelet size and link rate, the SRAM size, the col
 host I/O rate.
 
 Cycle counts are the same on every machine and thread count (one thread unless ``--threads N``).
-Lowering dominates: several minutes per variant for the pinned model on a two-core machine, 9
-variants. ``--from-json PATH`` prints the table of an earlier ``--json`` run, and with ``--readme``
-writes it, without measuring. ``--layers``, ``--vocab`` and
-``--mesh`` shrink the run for development; the README table comes from the pinned defaults only
-(``--readme`` refuses other settings)::
+Lowering dominates: 1.5-4 minutes per variant for the pinned model on a shared two-core machine,
+20 minutes for the 9 (1,207 s, one thread). ``--from-json PATH`` prints the table of an earlier
+``--json`` run, and with ``--readme`` writes it, without measuring. ``--layers``, ``--vocab`` and
+``--mesh`` shrink the run for development; the README table comes from the pinned settings only
+(``--readme`` refuses others)::
 
-    .venv/bin/python benchmarks/sensitivity.py --readme --json out/sensitivity.json   # 10-25 minutes
-    .venv/bin/python benchmarks/sensitivity.py --layers 2 --vocab 1000                # ~1 minute
+    .venv/bin/python benchmarks/sensitivity.py --readme --json out/sensitivity.json   # 20-40 minutes
+    .venv/bin/python benchmarks/sensitivity.py --from-json out/sensitivity.json --readme  # seconds
+    .venv/bin/python benchmarks/sensitivity.py --layers 2 --vocab 1000                # development
 """
 
 from __future__ import annotations
@@ -277,8 +278,6 @@ def measure(args: argparse.Namespace, variant: Variant, sm: Any, ids: Any) -> di
         "flop_ratio": d.flop_ratio,
         "realized": d.realized,
         "efficiency": d.efficiency,
-        "weight_load_cycles": d.parts.get("weight_load", {}).get("sparse", 0),
-        "dense_weight_load_cycles": d.parts.get("weight_load", {}).get("dense", 0),
         "parts": d.parts,
         "lower_s": lowered,
         "run_s": ran,
@@ -340,13 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         f"Realized speedup at {SPARSITY:g} with each assumed cost halved and doubled (GPT{args.layers}, "
         f"vocab {args.vocab}, {args.mesh}, {MODE}, balanced)",
         ["assumption", "value", "sparse cycles", "dense cycles", "linear", "of 1/(1-s)", "ceiling",
-         "whole", "of FLOP ratio", "weight load (sparse / dense)"],
+         "of ceiling", "whole", "of FLOP ratio"],
         [
             [r["assumption"], r["value"].replace("`", ""),
              f"{r['sparse_cycles']:,}", f"{r['dense_cycles']:,}",
              f"{r['linear_realized']:.2f}x", f"{r['linear_fraction']:.3f}", f"{r['ceiling']:.2f}x",
-             f"{r['realized']:.2f}x", f"{r['efficiency']:.3f}",
-             f"{r['weight_load_cycles']:,.0f} / {r['dense_weight_load_cycles']:,.0f}"]
+             f"{r['linear_realized'] / r['ceiling']:.3f}", f"{r['realized']:.2f}x", f"{r['efficiency']:.3f}"]
             for r in results
         ],
     )  # fmt: skip
