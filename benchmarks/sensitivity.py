@@ -161,12 +161,12 @@ def table_rows(results: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    """The text between the README's markers: a caption, the table, the command that made it."""
+    """The text between the README's markers: a caption (the settings and both ideals), then the table."""
     first = results[0]
     caption = (
-        f"GPT-2 small (untied, every linear layer at {first['sparsity']:.0%}, lm_head included), 1 x 128 "
-        f"tokens, {first['mesh']} streaming, balanced placement; the linear layers' ideal is "
-        f"{first['ideal']:.2f}x, the whole model's FLOP ratio {first['flop_ratio']:.2f}x."
+        f"{first.get('model', 'GPT-2 small')} (untied, every linear layer at {first['sparsity']:.0%}, "
+        f"lm_head included), 1 x 128 tokens, {first['mesh']} streaming, balanced placement; the linear "
+        f"layers' ideal is {first['ideal']:.2f}x, the whole model's FLOP ratio {first['flop_ratio']:.2f}x."
     )
     lines = [
         *textwrap.wrap(caption, 105, break_long_words=False, break_on_hyphens=False),
@@ -258,7 +258,9 @@ def measure(args: argparse.Namespace, variant: Variant, sm: Any, ids: Any) -> di
         raise SystemExit(f"no dense baseline for {variant.assumption} = {variant.value}: "
                          f"{stats.dense_unavailable}")  # fmt: skip
     ceiling = d.linear_dense_cycles / max(_floor(program), 1)
+    small = f"GPT-2 small's shape with {args.layers} layers, vocab {args.vocab}"
     out = {
+        "model": "GPT-2 small" if (args.layers, args.vocab) == (LAYERS, VOCAB) else small,
         "assumption": variant.assumption,
         "field": variant.field,
         "value": variant.value,
