@@ -57,6 +57,7 @@ from .cost import (
     task_overhead,
     wavelets,
 )
+from .host import outputs_in_host
 from .intervals import NEVER, Columns, Holders, busiest_link, cumcount, merges
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
@@ -660,14 +661,13 @@ def simulate(
 def _simulate(clock: FastClock) -> Timeline:
     program = clock.p
     kernels = [clock.time(k) for k in program.kernels]
-    done: dict[str, int] = {}
     hw, mesh = program.hardware, program.mesh
-    for name in program.outputs:
+    messages: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name in program.outputs:  # each message's head reaches the mesh's east edge, then the host
         flow = clock.flows[name]
-        hops = (mesh.width - flow.east) if not clock.streaming else (flow.east + 1 + mesh.width)
-        if flow.east < 0:
-            hops = mesh.width
-        done[name] = flow.done + hops * hw.hop_cycles
+        hops = mesh.width - flow.east if flow.east >= 0 else mesh.width  # east, off the mesh
+        messages[name] = ((flow.depart() + hops * hw.hop_cycles).cpu(), flow.sends.cpu())
+    done = outputs_in_host(messages, hw.host_wavelets_per_cycle)
     cycles = max([kt.end for kt in kernels] + list(done.values()) + [0])
     return Timeline(kernels, clock.flows, cycles, done)
 

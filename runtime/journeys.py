@@ -4,12 +4,14 @@ the columns to the PEs that read it, every hop a request to ``Fabric`` (``runtim
 A message is one feature ``f`` of one block ``q`` of rows of a value. It leaves its sender on the
 sender's ramp (one wavelet per cycle), then travels its lane row: east from the producer's edge in a
 pipelined program (one route shared by every reader); in a streaming program west to column 0 and
-back east, sent again for each reader in that reader's step; east from the host (column -1) for a
-program input. At each column where PEs read it, it forks up and down the column. Its head moves one
-hop per ``hop_cycles`` past each link that served it; a PE has it when the last wavelet has come,
-``sends`` cycles after the head. A message the sender filtered (all zero) is not sent: a PE that
-needed it learns so from the lane's end-of-block mark, which rides on the lane's last message of the
-block (``timeline.lane_sends``), reaching its row on the lane and then moving one hop per row.
+back east, sent again for each reader in that reader's step; east from the producer's edge off the
+mesh for a program output (to the host, ``runtime/host.py``), in either mode; east from the host
+(column -1) for a program input. At each column where PEs read it, it forks up and down the column.
+Its head moves one hop per ``hop_cycles`` past each link that served it; a PE has it when the last
+wavelet has come, ``sends`` cycles after the head. A message the sender filtered (all zero) is not
+sent: a PE that needed it learns so from the lane's end-of-block mark, which rides on the lane's last
+message of the block (``timeline.lane_sends``), reaching its row on the lane and then moving one hop
+per row.
 
 A reader registers what it needs (``need``) before the message leaves; ``launch`` sends it. Every
 message of a value leaves its lane in order, block by block, whether or not a reader needs it (a
@@ -127,7 +129,7 @@ class Journeys:
         route = self._routes.pop((v.name, key, q, f), None) or _Route()  # read or not, it leaves its lane
         s, row, e = v.sends[q][f], self.row(v, f), v.east
         cols = set(route.dests) | set(route.marks)
-        if not self.streaming and e >= 0:  # pipelined: readers on the producer's own columns
+        if (not self.streaming or key == "host") and e >= 0:  # pipelined, or to the host: east
             for x in sorted(c for c in cols if c <= e):
                 self._column(v, route, x, row, start + self.hop, s)
             cols = {c for c in cols if c > e}

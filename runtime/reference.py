@@ -63,6 +63,7 @@ from .cost import (
 )
 from .evaluate import bind_inputs, rebuild_outputs
 from .events import Cores, Events, Fabric
+from .host import outputs_in_host
 from .journeys import Journeys, Sent
 from .layout import layout, weight_bytes
 from .pe_values import route_product
@@ -164,7 +165,7 @@ class ReferenceMachine:
         self.tensors: dict[str, torch.Tensor] = {}
         self.values: dict[str, Sent] = {}
         self.times: dict[str, KernelTime] = {}
-        self.output_done: dict[str, int] = {}
+        self.at_edge: dict[str, list[tuple[int, int]]] = {}  # output -> (head at the east edge, wavelets)
         self.loader_free = 0
         self.outputs = set(program.outputs)
         row0: dict[str, int] = {}
@@ -264,7 +265,10 @@ class ReferenceMachine:
         if missing:
             raise EmulationError(f"the reference machine stalled: kernel {missing[0]!r} never finished")
         times = [self.times[k.name] for k in kernels]
-        done = {name: self.output_done.get(name, 0) for name in self.p.outputs}
+        edge = {n: torch.tensor(self.at_edge.get(n, []), dtype=torch.int64) for n in self.p.outputs}
+        edge = {n: m.view(-1, 2) for n, m in edge.items()}
+        rate = self.hw.host_wavelets_per_cycle
+        done = outputs_in_host({n: (m[:, 0], m[:, 1]) for n, m in edge.items()}, rate)
         cycles = max([kt.end for kt in times] + list(done.values()) + [0])
         flows = {name: self._flow(v) for name, v in self.values.items()}
         return Timeline(times, flows, cycles, done)
@@ -275,16 +279,19 @@ class ReferenceMachine:
         return Flow(v.name, v.dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, v.flags)
 
     def _to_host(self, v: Sent) -> None:
-        """Every message of output ``v`` goes on past the mesh's east edge to the host."""
+        """Every message of output ``v`` goes on past the mesh's east edge to the host, which takes it
+        by ``host.outputs_in_host``."""
         key = "" if not self.streaming else "host"
         width = self.p.mesh.width
 
-        def arrived(t: int) -> None:
-            self.output_done[v.name] = max(self.output_done.get(v.name, 0), t)
+        heads = self.at_edge.setdefault(v.name, [])
+
+        def arrived(s: int) -> Callable[[int], None]:
+            return lambda t: heads.append((t - s, s))  # the tail at the edge: its head came ``s`` before
 
         for q in range(v.blocks):
             for f in range(v.features):
-                self.journeys.need(v, key, q, f, width, self.journeys.row(v, f), arrived)
+                self.journeys.need(v, key, q, f, width, self.journeys.row(v, f), arrived(v.sends[q][f]))
 
     def _ready(self, v: Sent, q: int, f: int, t: int) -> None:
         """Message ``(q, f)`` of ``v`` can leave its producer's edge at ``t``."""

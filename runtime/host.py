@@ -1,0 +1,64 @@
+"""The host's side of the mesh edge: the program's outputs leave the mesh east of its last column and
+enter the host through its I/O, ``HardwareSpec.host_wavelets_per_cycle`` wavelets a cycle for all
+rows together (``host_bytes_per_s``: 150 GB/s, about 44 wavelets a cycle at 850 MHz).
+
+Both executors charge outputs by this one rule (inputs, the other way, are sent with their messages
+stretched by ``lanes / host_wavelets_per_cycle`` where the lanes outnumber what the host can feed).
+Each output message reaches the edge on its lane at most one wavelet a cycle; the host takes them in
+the order their heads arrive (the order given, on ties), as one queue that drains
+``host_wavelets_per_cycle`` wavelets a cycle. A message is in the host when its last wavelet has
+arrived and the queue has drained it::
+
+    >>> import torch
+    >>> heads = torch.tensor([0, 0, 0, 0])  # four 100-wavelet messages reach the edge at once
+    >>> in_host(heads, torch.tensor([100, 100, 100, 100]), rate=2.0).tolist()
+    [100, 100, 150, 200]
+    >>> in_host(heads, torch.tensor([100, 100, 100, 100]), rate=44.0).tolist()  # the links bind
+    [100, 100, 100, 100]
+
+A filtered message (zeros filtered at the sender, 0 wavelets) takes no host time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["in_host", "outputs_in_host"]
+
+
+def in_host(heads: torch.Tensor, sends: torch.Tensor, rate: float) -> torch.Tensor:
+    """``[n]``: when each of ``n`` messages, whose heads reach the edge at ``heads`` carrying ``sends``
+    wavelets, is wholly in the host (module docstring). ``rate`` is the host's wavelets per cycle."""
+    if heads.numel() == 0:
+        return heads.clone()
+    heads, sends = heads.to(torch.int64), sends.to(torch.int64)
+    order = torch.sort(heads, stable=True).indices
+    a, w = heads[order].to(torch.float64), sends[order].to(torch.float64)
+    drained = torch.cumsum(w, 0) / rate  # host time of the messages up to and including each
+    before = drained - w / rate
+    # a FIFO that drains at ``rate``: message i leaves at max over k <= i of (a_k + drained_i - before_k)
+    queue = drained + torch.cummax(a - before, 0).values
+    done = torch.maximum(torch.ceil(queue - 1e-9).to(torch.int64), heads[order] + sends[order])
+    out = torch.empty_like(done)
+    out[order] = done
+    return out
+
+
+def outputs_in_host(messages: dict[str, tuple[torch.Tensor, torch.Tensor]], rate: float) -> dict[str, int]:
+    """When each output is wholly in the host: ``messages`` maps an output to its messages' head
+    arrivals at the edge and wavelets; every output shares the host's one queue. An output with no
+    messages is in at 0."""
+    names = [n for n, (h, _) in messages.items() if h.numel()]
+    done = {n: 0 for n in messages}
+    if not names:
+        return done
+    heads = torch.cat([messages[n][0].reshape(-1) for n in names])
+    sends = torch.cat([messages[n][1].reshape(-1) for n in names])
+    finish = in_host(heads, sends, rate)
+    at = 0
+    for n in names:
+        count = messages[n][0].numel()
+        done[n] = int(finish[at : at + count].max())
+        at += count
+    return done
+

@@ -1,0 +1,68 @@
+"""Outputs leave the mesh through the host's I/O, charged at its bandwidth, by one rule in both executors.
+
+Outputs go east from their producer's east column off the mesh, and the host takes them
+``host_wavelets_per_cycle`` wavelets a cycle for all rows together (``runtime/host.py``). An output
+spread over more lanes than the host takes wavelets a cycle is bound by the host, not by its links.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import sparsefx
+from sparsefx.runtime.fast import simulate
+from sparsefx.runtime.host import in_host, outputs_in_host
+from sparsefx.runtime.mesh import hardware
+from sparsefx.runtime.reference import execute
+from sparsefx.runtime.run import _Activity
+
+
+def _timelines(host_bytes_per_s: float, mode: str) -> tuple[dict, float]:
+    """A linear's 16 x 256 output (4,096 fp32 wavelets on 64 lanes), timed by both executors."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    sm = sparsefx.compile(torch.nn.Linear(8, 256), 0.5, (x,))
+    hw = dataclasses.replace(hardware(), host_bytes_per_s=host_bytes_per_s)
+    program = sparsefx.lower(sm, (x,), mesh=(4, 64), mode=mode, hardware=hw)
+    activity = _Activity(program)
+    _, ref = execute(program, (x,), listener=activity)
+    activity.to_host()
+    return {"reference": ref, "fast": simulate(program, activity.seen)}, hw.host_wavelets_per_cycle
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "streaming"])
+def test_a_slow_host_binds_the_outputs_in_both_executors(mode: str) -> None:
+    quick, _ = _timelines(150e9, mode)
+    slow, rate = _timelines(1.5e9, mode)  # 0.44 wavelets a cycle: the host takes 4,096 in 9,290+
+    floor = math.ceil(16 * 256 / rate)
+    for name in ("reference", "fast"):
+        done = slow[name].output_done["masked_linear"]
+        assert done >= floor, (name, done, floor)
+        assert quick[name].output_done["masked_linear"] < floor, name  # at 150 GB/s the links bind
+        assert slow[name].cycles == max(done, max(k.end for k in slow[name].kernels))
+    ref, fast = slow["reference"].cycles, slow["fast"].cycles
+    assert abs(fast - ref) <= 0.05 * ref, (ref, fast)
+
+
+def test_the_host_queue_adds_time_only_when_the_edge_outruns_it() -> None:
+    """The same messages, once with a host faster than the links and once slower: only the slow one
+    waits, and then it drains at its rate from the first head."""
+    heads = torch.arange(0, 128, dtype=torch.int64)  # 128 lanes' messages arrive a cycle apart
+    sends = torch.full((128,), 512, dtype=torch.int64)
+    assert torch.equal(in_host(heads, sends, rate=1000.0), heads + sends)  # the links bind
+    slow = in_host(heads, sends, rate=44.0)
+    assert int(slow.max()) == math.ceil(128 * 512 / 44.0)  # the host binds: busy from cycle 0
+    assert bool((slow >= heads + sends).all())
+    assert bool((slow[1:] >= slow[:-1]).all())  # first in, first out
+
+
+def test_outputs_share_one_host_queue() -> None:
+    a = (torch.tensor([0]), torch.tensor([440]))
+    assert outputs_in_host({"a": a}, 44.0) == {"a": 440}
+    assert outputs_in_host({"a": a, "b": a}, 44.0) == {"a": 440, "b": 440}  # 880 / 44 = 20: links bind
+    assert outputs_in_host({"a": a, "b": a}, 1.0) == {"a": 440, "b": 880}  # b waits behind a
+    assert outputs_in_host({"a": (torch.tensor([]), torch.tensor([]))}, 1.0) == {"a": 0}
