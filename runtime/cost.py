@@ -40,6 +40,7 @@ import torch
 
 from .memory import ROWS_IN_FLIGHT, itemsize
 from .mesh import HardwareSpec
+from .op_kinds import KINDS, ZERO_SKIPPING, op_kind, row_wise
 from .program import Kernel, ProgramData
 
 T = TypeVar("T", int, torch.Tensor)
@@ -67,17 +68,10 @@ __all__ = [
 ]
 
 ELEMENT_OPS: dict[str, int] = {
-    "elementwise": 1,
-    "layer_norm": 6,  # mean, centre, square, variance, normalize, scale and shift
-    "softmax": 5,  # max, subtract, exp, sum, divide
-    "embedding": 1,  # a copy per element
-    "layout": 1,  # a copy per element
-    "reduce": 1,
-    "pool": 1,
-    "matmul": 1,  # per multiply-accumulate; ops_per_element multiplies by the contraction length
-    "constant": 0,
+    name: row.element_ops for name, row in KINDS.items() if name != "sparse_matmul"
 }
-"""SIMD operations per result element of each op kind (``ops_per_element`` refines some)."""
+"""SIMD operations per result element of each op kind but the sparse matmul's, which costs AXPYs
+(``op_kinds.KINDS``' ``element_ops``; ``ops_per_element`` refines some)."""
 
 TRANSCENDENTAL = frozenset(
     {"exp", "log", "tanh", "sigmoid", "gelu", "silu", "erf", "sqrt", "rsqrt", "pow", "div"}
@@ -173,13 +167,9 @@ def block_rows(kernel: Kernel) -> int:
 
 
 def row_streaming_op(kernel: Kernel) -> bool:
-    """Whether the kernel computes each row of its result from the same row of its inputs."""
-    if kernel.op == "sparse_matmul":
-        return kernel.attrs.get("kind") in ("linear", "addmm", "matmul")
-    if kernel.op == "softmax":
-        dim = kernel.attrs.get("dim", -1)
-        return isinstance(dim, int) and dim in (-1, len(kernel.shape) - 1)
-    return kernel.op in ("elementwise", "layer_norm", "embedding")
+    """Whether the kernel computes each row of its result from the same row of its inputs
+    (``op_kinds.row_wise``)."""
+    return row_wise(kernel.op, kernel.attrs, len(kernel.shape))
 
 
 def row_streaming(program: ProgramData, kernel: Kernel, value: str) -> bool:
@@ -193,8 +183,9 @@ def row_streaming(program: ProgramData, kernel: Kernel, value: str) -> bool:
 
 
 def ops_per_element(program: ProgramData, kernel: Kernel) -> int:
-    """SIMD operations per result element: ``ELEMENT_OPS``, a matmul's contraction, a pool's window."""
-    ops = ELEMENT_OPS.get(kernel.op, 1)
+    """SIMD operations per result element: the kind's ``element_ops``, a matmul's contraction, a pool's
+    window."""
+    ops = op_kind(kernel.op).element_ops
     if kernel.op == "elementwise" and kernel.attrs.get("fn") in TRANSCENDENTAL:
         return 4
     if kernel.op == "elementwise" and kernel.attrs.get("fn") == "batch_norm":
@@ -206,12 +197,6 @@ def ops_per_element(program: ProgramData, kernel: Kernel) -> int:
         n_in = math.prod(program.value(kernel.inputs[0]).shape)
         return max(1, n_in // max(math.prod(kernel.shape), 1))
     return ops
-
-
-ZERO_SKIPPING = frozenset({"elementwise", "layout"})
-"""Kernels whose task on all-zero data makes all zeros and can be left out: an elementwise op whose
-result is zero where its inputs are (ReLU, a product; not ``exp``), and a layout change (zeros moved
-are zeros). Norms, softmax, reductions and activation products run every task."""
 
 
 def idle_tasks(op: str, heard: torch.Tensor, out_live: torch.Tensor | None) -> torch.Tensor | None:
@@ -227,6 +212,9 @@ def idle_tasks(op: str, heard: torch.Tensor, out_live: torch.Tensor | None) -> t
         >>> idle_tasks("elementwise", heard, torch.tensor([[False, False, True]])).tolist()
         [[False, True, False]]
     """
-    if out_live is None or op not in ZERO_SKIPPING:
+    if out_live is None:
         return None
-    return ~out_live if op == "layout" else ~(heard | out_live)
+    rule = op_kind(op).skips_tasks  # which kinds skip which tasks: ``op_kinds.KINDS``
+    if rule == "never":
+        return None
+    return ~out_live if rule == "zero_result" else ~(heard | out_live)

@@ -42,7 +42,6 @@ from .blocking import (
     wave_runs,
 )
 from .cost import (
-    ZERO_SKIPPING,
     allreduce_cycles,
     block_rows,
     features_of,
@@ -61,9 +60,10 @@ from .host import outputs_in_host
 from .intervals import NEVER, Columns, Holders, busiest_link, cumcount, merges
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
+from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
 from .queues import CHUNK, fifo, queues
-from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
+from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["FastClock", "simulate"]
 
@@ -287,13 +287,13 @@ class FastClock:
         (a sparse matmul) and, for an op that skips tasks making only zeros, its own result's zeros."""
         seen = self._input_live(k)
         sent = None if seen is None else blocked(seen, block_rows(k))
-        own = self.live(k.name, block_rows(k)) if k.op in ZERO_SKIPPING else None
+        own = self.live(k.name, block_rows(k)) if op_kind(k.op).skips_zero_tasks else None
         return reuse.situation(k, self.flows, t0, sent, own)
 
     def _input_live(self, k: Kernel) -> torch.Tensor | None:
         """``[rows, in_features]``: which input values of a sparse matmul (not a convolution, whose
         tasks read im2col columns) are nonzero; None for other kernels or when unknown."""
-        if k.op != "sparse_matmul" or k.attrs.get("kind") not in ("linear", "addmm", "matmul"):
+        if k.op != "sparse_matmul" or k.attrs.get("kind") not in ROW_MATMULS:
             return None
         seen = self.activity.get(k.inputs[0])
         return None if seen is None else seen.reshape(-1, int(k.attrs["in_features"]))
@@ -608,7 +608,7 @@ class FastClock:
         if idle is not None:
             fin = torch.where(idle, arr, fin)
         extra = 0
-        if k.op in REDUCING_STATS and lanes > 1:
+        if op_kind(k.op).allreduces_stats and lanes > 1:
             extra = allreduce_cycles(lanes, hw)
         east = r.x + r.width - 1
         done = fin.amax(dim=1, keepdim=True) + extra if extra else fin  # the all-reduce: a barrier

@@ -12,12 +12,12 @@ Values are laid out in lanes: a value of shape ``S`` is viewed as ``[rows, featu
 ``[r * features // L, (r + 1) * features // L)`` of every row (``lane_bounds``). A route carries one
 value on one color; on a pipelined program, lane ``r`` travels along mesh row ``region.y + r``.
 
-The op kinds and what each kernel stores are listed in ``OPS``; ``docs/architecture.md`` describes
-the sparse matmul's mapping (CSC per PE, 16-bit local row indices). This module is plain data: it
-knows nothing of the checks (``runtime/verify.py``), the text form (``runtime/text.py``) or the file
-(``runtime/archive.py``). The public ``DataflowProgram`` (``runtime/dataflow.py``, also
-``sparsefx.DataflowProgram``) is this data with ``verify()``, ``str()`` and ``save()``; lowering and
-the loaders build it::
+The op kinds are listed in ``OPS`` (their machine rules in ``runtime/op_kinds.py``);
+``docs/architecture.md`` describes the sparse matmul's mapping (CSC per PE, 16-bit local row
+indices). This module is plain data: it knows nothing of the checks (``runtime/verify.py``), the
+text form (``runtime/text.py``) or the file (``runtime/archive.py``). The public
+``DataflowProgram`` (``runtime/dataflow.py``, also ``sparsefx.DataflowProgram``) is this data with
+``verify()``, ``str()`` and ``save()``; lowering and the loaders build it::
 
     >>> p = ProgramData(MeshSpec(4, 4), HardwareSpec(), "pipelined", "block")
     >>> p.inputs.append(Stream("x", (2, 8), "float32"))
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from .mesh import HardwareSpec, MeshSpec
+from .op_kinds import KINDS
 
 __all__ = [
     "OPS",
@@ -54,19 +55,8 @@ __all__ = [
     "lane_bounds",
 ]
 
-OPS: dict[str, str] = {
-    "sparse_matmul": "masked weight x activation: one AXPY per nonzero; CSC slices per PE (linear, conv)",
-    "matmul": "activation x activation (attention scores and context)",
-    "elementwise": "a function of one or two values or scalars, element by element (add, relu, gelu ...)",
-    "reduce": "sum, mean or max over dims",
-    "pool": "windowed max or average over spatial dims",
-    "softmax": "softmax over one dim",
-    "layer_norm": "layer norm over the trailing dims, with its weight and bias",
-    "embedding": "rows of a table picked by integer ids",
-    "layout": "view, reshape, permute, transpose, slice, cat, expand ...: moves data, computes nothing",
-    "constant": "a tensor the program holds (position ids, attention masks, buffers)",
-}
-"""Op kind -> what a kernel of that kind computes."""
+OPS: dict[str, str] = {name: row.description for name, row in KINDS.items()}
+"""Op kind -> what a kernel of that kind computes (from ``runtime/op_kinds.py``'s ``KINDS``)."""
 
 MODES = ("pipelined", "streaming")
 PLACEMENTS = ("block", "balanced")

@@ -66,11 +66,12 @@ from .events import Cores, Events, Fabric
 from .host import outputs_in_host
 from .journeys import Journeys, Sent
 from .layout import layout, weight_bytes
+from .op_kinds import op_kind
 from .pe_values import route_product
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
 from .semantics import apply
 from .sparse_eval import sparse_matmul
-from .timeline import REDUCING_STATS, Flow, KernelTime, Timeline
+from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["ReferenceMachine", "execute", "time_patterns", "MAX_PES"]
 
@@ -421,7 +422,7 @@ class ReferenceMachine:
         busy = torch.zeros(r.pes, dtype=torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64)
         extra = 0
-        if k.op in REDUCING_STATS and v.lanes > 1:  # the statistics' all-reduce across the lanes
+        if op_kind(k.op).allreduces_stats and v.lanes > 1:  # the statistics' all-reduce across the lanes
             extra = allreduce_cycles(v.lanes, hw)
         run.fields = {"busy": busy, "overhead": overhead, "blocks": blocks, "messages": blocks * f_all}
         run.left = blocks * f_all

@@ -26,6 +26,7 @@ import torch
 from .layout import weight_bytes as weight_bytes_of
 from .memo import kept_for
 from .memory import sram_needed
+from .op_kinds import op_kind
 from .program import Kernel, ProgramData
 from .timeline import Flow, KernelTime, Timeline
 
@@ -400,7 +401,7 @@ def flop_ratio(program: ProgramData) -> float:
     matmul costs the same on both sides."""
     dense = sparse = 0.0
     for k in program.kernels:
-        if k.op not in ("sparse_matmul", "matmul"):
+        if not op_kind(k.op).matmul:
             continue
         flops = float(k.stats.get("flops", 0))
         sparse += flops

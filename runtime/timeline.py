@@ -13,13 +13,15 @@ from typing import Any
 
 import torch
 
+from .op_kinds import STATS_ALLREDUCE
 from .program import lane_bounds
 from .queues import fifo
 
 __all__ = ["Flow", "KernelTime", "Timeline", "digest", "lane_sends", "REDUCING_STATS"]
 
-REDUCING_STATS = frozenset({"layer_norm", "softmax"})
-"""Kernels that all-reduce statistics across lanes before they finish a block."""
+REDUCING_STATS = STATS_ALLREDUCE
+"""Kernels that all-reduce statistics across lanes before they finish a block (``op_kinds.KINDS``'
+``allreduces_stats``; an alias of ``op_kinds.STATS_ALLREDUCE``)."""
 
 
 def digest(t: torch.Tensor) -> tuple:

@@ -35,6 +35,7 @@ from sparsefx.runtime.cost import row_streaming, rows_of
 from sparsefx.runtime.layout import Layout, layout
 from sparsefx.runtime.memo import kept
 from sparsefx.runtime.memory import pe_bytes
+from sparsefx.runtime.op_kinds import ROW_MATMULS
 from sparsefx.runtime.program import Kernel, ProgramData
 
 __all__ = [
@@ -49,8 +50,9 @@ __all__ = [
     "TIMED_BLOCKS",
 ]
 
-ROWWISE = ("linear", "addmm", "matmul")
-"""Matmul kinds whose blocks are rows (a convolution's are whole images): their block size is searched."""
+ROWWISE = ROW_MATMULS
+"""Matmul kinds whose blocks are rows (a convolution's are whole images): their block size is searched
+(``op_kinds.ROW_MATMULS``)."""
 
 WORSE_IN_A_ROW = 2
 """Stop trying shorter blocks after this many in a row were slower than the best so far."""
@@ -141,7 +143,7 @@ def _follower(program: ProgramData, c: Kernel, b: int) -> tuple[int, int]:
 
 
 def _tuned(k: Kernel) -> bool:
-    return k.op == "sparse_matmul" and k.attrs.get("kind") in ROWWISE
+    return k.op == "sparse_matmul" and k.attrs.get("kind") in ROW_MATMULS
 
 
 def _timed(program: ProgramData, k: Kernel, known: Layout, b: int) -> tuple[int, int]:

@@ -8,9 +8,10 @@ input enters at the mesh's west edge; a program output leaves at its east edge. 
 program each kernel runs alone from column 0: a value runs westward from its producer's columns to
 column 0, and the consumer's own ``input`` route multicasts it east across its region.
 
-Kernels that reduce across lanes (matmuls, norms, softmax, pools, reductions, layout changes) have two
-internal routes per column, a southward and a northward bus. Colors come from greedy coloring of the
-routes' conflict graph (routes whose rectangles share a PE, at the same step in streaming mode)::
+Kernels that reduce across lanes (matmuls, norms, softmax, pools, reductions, layout changes: the kinds
+``runtime/op_kinds.py`` marks ``moves_across_lanes``, listed in ``REDUCING``) have two internal routes
+per column, a southward and a northward bus. Colors come from greedy coloring of the routes' conflict
+graph (routes whose rectangles share a PE, at the same step in streaming mode)::
 
     >>> greedy_colors([(0, 0, 2, 2, -1), (1, 0, 3, 2, -1), (3, 0, 4, 2, -1)])
     [0, 1, 0]
@@ -25,6 +26,7 @@ import torch
 
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.mesh import Dir, MeshSpec
+from sparsefx.runtime.op_kinds import REDUCING, op_kind
 from sparsefx.runtime.program import Kernel, Region, Route, Task
 from sparsefx.runtime.routes import run
 
@@ -37,9 +39,6 @@ __all__ = [
     "tasks_for",
     "REDUCING",
 ]
-
-REDUCING = frozenset({"sparse_matmul", "matmul", "layer_norm", "softmax", "pool", "reduce", "layout"})
-"""Op kinds whose kernels move data across lanes (partial sums, statistics, relayouts)."""
 
 
 @dataclass
@@ -185,7 +184,7 @@ def internal_routes(kernels: list[Kernel], mode: str) -> list[RouteDraft]:
                     f"{k.name}.input", k.name, k.name, (k.name,), "internal", r.height, runs, box, step
                 )
             )
-        if k.op not in REDUCING or r.height < 2:
+        if not op_kind(k.op).moves_across_lanes or r.height < 2:
             continue
         for direction, y0 in ((Dir.S, r.y), (Dir.N, r.y + r.height - 1)):
             runs = [

@@ -26,6 +26,7 @@ from sparsefx.errors import LoweringError
 from sparsefx.runtime.cost import features_of
 from sparsefx.runtime.memory import ACC_BYTES, ROWS_IN_FLIGHT, itemsize
 from sparsefx.runtime.mesh import MeshSpec
+from sparsefx.runtime.op_kinds import op_kind
 from sparsefx.runtime.program import Region
 
 from .builder import Pending
@@ -50,7 +51,7 @@ def work(p: Pending) -> float:
         out, inp = p.sparse.weight.shape
         rows = math.prod(p.shape) // max(out, 1)
         return p.flops / 2 + rows * (out + inp)
-    if p.op in ("sparse_matmul", "matmul"):
+    if op_kind(p.op).matmul:
         return p.flops / 2
     if p.op == "constant":
         return 0.0

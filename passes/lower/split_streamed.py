@@ -31,6 +31,7 @@ from collections.abc import Callable
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.cost import rows_of
 from sparsefx.runtime.memory import ROWS_IN_FLIGHT
+from sparsefx.runtime.op_kinds import ROW_MATMULS
 
 from .builder import Pending, SparseWeight
 
@@ -105,7 +106,7 @@ def plan_passes(
     parts (module docstring); ``need(q, rows)`` is the columns ``q`` needs with ``rows`` in flight."""
     assert p.sparse is not None
     rows = ROWS_IN_FLIGHT
-    if p.attrs.get("kind") in ("linear", "addmm", "matmul"):
+    if p.attrs.get("kind") in ROW_MATMULS:
         rows = max(ROWS_IN_FLIGHT, min(max(rows_of(p.shape), 1), PASS_ROWS))
     while True:
         at = functools.partial(_need, need=need, rows=rows, width=width)

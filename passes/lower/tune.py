@@ -49,9 +49,10 @@ from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
 from sparsefx.runtime.layout import Layout, weight_bytes
 from sparsefx.runtime.memory import pe_bytes
+from sparsefx.runtime.op_kinds import ROW_MATMULS
 from sparsefx.runtime.program import Kernel, ProgramData, Region
 
-from .blocks import ROWWISE, WORSE_IN_A_ROW, best_sparse
+from .blocks import WORSE_IN_A_ROW, best_sparse
 from .builder import Pending
 from .place_sparse import place_sparse
 
@@ -80,7 +81,7 @@ class Choice:
 
 def rowwise(k: Kernel) -> bool:
     """Whether ``k`` is a sparse matmul over rows (whose mapping is tuned; a convolution's is not)."""
-    return k.op == "sparse_matmul" and k.attrs.get("kind") in ROWWISE
+    return k.op == "sparse_matmul" and k.attrs.get("kind") in ROW_MATMULS
 
 
 def widths(narrowest: int, cap: int) -> list[int]:
