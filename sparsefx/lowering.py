@@ -93,6 +93,8 @@ def lower(
         on_step=on_step,
         on_kernel=on_kernel,
     )
+    if program.meta.get("kept_overflow"):
+        warnings.warn(f"sparsefx.lower: {program.meta['kept_overflow']}", stacklevel=2)
     written = program.meta.get("state_not_updated")
     if written:
         warnings.warn(

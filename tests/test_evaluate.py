@@ -79,7 +79,7 @@ def test_inputs_are_never_written(compiled) -> None:
 def test_a_layer_streamed_in_passes_evaluates_whole(compiled) -> None:
     """A matmul cut into parts over slices of its outputs (streaming on a tiny SRAM) gives the same values."""
     sm, args = compiled["mlp"]
-    program = sparsefx.lower(sm, args, mesh=(2, 2), mode="streaming", hardware=HardwareSpec(sram_bytes=4096))
+    program = sparsefx.lower(sm, args, mesh=(2, 8), mode="streaming", hardware=HardwareSpec(sram_bytes=4096))
     assert any("out_offset" in k.attrs for k in program.kernels)
     x = fresh_like(args[0])
     sm.eval()

@@ -100,15 +100,15 @@ def test_streaming_runs_a_layer_too_big_for_the_mesh_in_passes(compiled) -> None
     sm, args = compiled["mlp"]
     small = HardwareSpec(sram_bytes=4096)
     with pytest.raises(LoweringError, match="bytes|columns"):
-        sparsefx.lower(sm, args, mesh=(2, 2), hardware=small)  # pipelined: everything resident at once
-    program = sparsefx.lower(sm, args, mesh=(2, 2), mode="streaming", hardware=small)
+        sparsefx.lower(sm, args, mesh=(2, 8), hardware=small)  # pipelined: everything resident at once
+    program = sparsefx.lower(sm, args, mesh=(2, 8), mode="streaming", hardware=small)
     program.verify()
     parts = [k for k in program.kernels if ".part" in k.name]
     assert parts and all(k.op == "sparse_matmul" and "out_offset" in k.attrs for k in parts)
     whole = {k.name.split(".part")[0] for k in parts}
     for name in whole:
         attrs = program.kernel(name).attrs
-        assert {key: attrs[key] for key in ("fn", "dim", "lanes")} == {"fn": "cat", "dim": 1, "lanes": 2}
+        assert {key: attrs[key] for key in ("fn", "dim", "lanes")} == {"fn": "cat", "dim": 1, "lanes": 8}
     assert_reassembles(sm, program)
     assert str(sparsefx.parse_program(str(program))) == str(program)
 

@@ -68,6 +68,8 @@ def lower_graph(
     program = state.program
     assert program is not None
     program.meta = {"lanes": state.meta["lanes"]}
+    if state.meta.get("kept_overflow"):  # sparsefx.lower warns with it
+        program.meta["kept_overflow"] = state.meta["kept_overflow"]
     written = state.meta["walk"].written_state
     if written:  # the program computes with their values at lowering; it cannot update them
         program.meta["state_not_updated"] = written

@@ -19,6 +19,7 @@ from sparsefx.errors import LoweringError
 from sparsefx.runtime.csc import imbalance
 from sparsefx.runtime.dataflow import DataflowProgram
 from sparsefx.runtime.fast import simulate
+from sparsefx.runtime.held import crowded, held_overflow
 from sparsefx.runtime.memory import pe_bytes, sram_needed
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import Kernel, Region
@@ -130,7 +131,8 @@ def _kernel(p: Pending, region: Region) -> Kernel:
 
 @dataclass(frozen=True)
 class PlaceData:
-    """Regions and per-PE arrays; a kernel whose PEs would overflow SRAM gets more columns.
+    """Regions and per-PE arrays; a kernel whose PEs would overflow SRAM (with the values a streaming
+    program keeps on them, ``runtime/held.py``) gets more columns.
 
     Pipelined, the spare columns are shared by work, and a sparse matmul's work shrinks with its
     nonzeros while its outputs still have to leave it: at 99% a one-column layer can be slower than
@@ -196,6 +198,8 @@ class PlaceData:
                         f"({pend.source})"
                     )
                 grow.append(i)
+        if not grow and state.mode == "streaming":  # values kept between steps share their PEs
+            grow = [i for i in crowded(p) if regs[i].width < state.mesh.width]
         return p, grow
 
 
@@ -290,6 +294,20 @@ class Connect:
 
 
 @dataclass(frozen=True)
+class CheckKeptValues:
+    """Where a streaming program's values kept between steps and a step's own data overflow a PE's
+    SRAM (``runtime/held.py``), say so in ``state.meta["kept_overflow"]``: ``sparsefx.lower`` warns
+    with it, naming the step, the PE and the values."""
+
+    name: ClassVar[str] = "check-kept-values"
+
+    def __call__(self, state: LoweringState) -> PassResult:
+        assert state.program is not None
+        state.meta["kept_overflow"] = held_overflow(state.program)
+        return PassResult(state, False)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class VerifyProgram:
     """``program.verify()``: a lowering bug surfaces here, naming the kernel and PE."""
 
@@ -301,4 +319,4 @@ class VerifyProgram:
         return PassResult(state, False)  # type: ignore[arg-type]
 
 
-STEPS = (WalkGraph(), SizeRegions(), PlaceData(), PlanBlocks(), Connect(), VerifyProgram())
+STEPS = (WalkGraph(), SizeRegions(), PlaceData(), PlanBlocks(), Connect(), CheckKeptValues(), VerifyProgram())

@@ -1,0 +1,156 @@
+"""Values kept between the steps of a streaming program, and the SRAM they take.
+
+A streaming program runs one kernel at a time. A value a later step reads is kept where its producer
+left it: on the producer's east column, one lane a row (the rows ``region.y + lane``), every row of the
+value. From there each reader's step sends it again (``runtime/journeys.py``). So a PE of that column
+holds ``rows * lane_features * itemsize`` bytes of it from the step after its producer's (during its
+own step, its rows in flight are the producer's buffers, ``memory.pe_bytes``) to its last reader's,
+beside whatever the running kernel keeps on that PE.
+
+The lowering gives a step more columns where that spreads its own data enough (``crowded``). Where it
+cannot, the program still lowers and runs, but sparsefx neither spills nor charges a spill: lowering
+warns, naming the step, the PE, the values and about how many rows would fit, since the program's
+figures then assume SRAM the mesh does not have. (An error would refuse, by a few bytes, programs whose
+placement, not their size, puts a kept value beside a kernel's buffers; a mapping that keeps values
+away from busy PEs, or spread over the PEs that read them, is the fix.)
+Program inputs wait in the host and outputs leave to it as they are made (``runtime/host.py``), so
+neither is kept on the mesh, and a pipelined program streams its values between kernels that run at
+once, so it keeps none::
+
+    >>> import torch, sparsefx
+    >>> x = torch.randn(64, 32)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    >>> p = sparsefx.lower(sparsefx.compile(model, 0.9, (x,)), (x,), mesh=(8, 8), mode="streaming")
+    >>> peak = held_peak(p)
+    >>> [k.name for k in p.kernels]  # the first linear, the ReLU, the second linear
+    ['masked_linear', '_1', 'masked_linear_1']
+    >>> peak.step, peak.values, peak.held  # the ReLU's result (64 rows x 8 features x 4 bytes a lane)
+    ('masked_linear_1', ('_1',), 2048)
+    >>> peak.own  # what the second linear keeps on that PE while it runs
+    684
+    >>> peak.total <= p.hardware.sram_bytes
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .cost import features_of, rows_of
+from .memory import itemsize, pe_bytes
+from .program import Kernel, ProgramData, lane_bounds
+
+__all__ = ["HeldPeak", "crowded", "held_peak", "held_overflow", "lane_bytes"]
+
+
+@dataclass(frozen=True)
+class HeldPeak:
+    """The busiest PE of a streaming program counting kept values: during step ``step`` (a kernel),
+    PE ``(x, y)`` keeps ``held`` bytes of ``values`` beside the step's own ``own`` bytes."""
+
+    step: str
+    x: int
+    y: int
+    held: int
+    own: int
+    values: tuple[str, ...]
+
+    @property
+    def total(self) -> int:
+        return self.held + self.own
+
+
+def _lanes(k: Kernel) -> int:
+    given = k.attrs.get("lanes", k.region.height)
+    return max(1, min(int(given), features_of(k.shape), k.region.height))
+
+
+def lane_bytes(k: Kernel) -> torch.Tensor:
+    """``[lanes]``: bytes of ``k``'s whole result each lane's PE keeps (every row of its features)."""
+    bounds = lane_bounds(features_of(k.shape), _lanes(k))
+    return (bounds[1:] - bounds[:-1]).to(torch.int64) * rows_of(k.shape) * itemsize(k.dtype)
+
+
+def _last_reads(p: ProgramData) -> dict[str, int]:
+    """Each kernel value read by a later step: the index of its last reader's step."""
+    made = {k.name: i for i, k in enumerate(p.kernels)}
+    last: dict[str, int] = {}
+    for i, k in enumerate(p.kernels):
+        for v in k.inputs:
+            if v in made and made[v] < i:
+                last[v] = max(last.get(v, i), i)
+    return last
+
+
+def _steps(p: ProgramData) -> Iterator[tuple[Kernel, torch.Tensor, torch.Tensor, dict]]:
+    """Each step of streaming ``p`` that keeps a value: its kernel, the bytes kept on each PE
+    (``[height, width]``), those plus the kernel's own, and the kept values by (column, rows)."""
+    last = _last_reads(p)
+    if p.mode != "streaming" or not last or not p.has_payloads:
+        return
+    mesh = p.mesh
+    held = torch.zeros(mesh.height, mesh.width, dtype=torch.int64)
+    kept: dict[str, tuple[int, int, torch.Tensor]] = {}  # value -> (column, first row, bytes a lane)
+    made: Kernel | None = None
+    for i, k in enumerate(p.kernels):
+        if made is not None and made.name in last and made.region.pes:  # kept from the next step on
+            per = lane_bytes(made)
+            x, y = made.region.x + made.region.width - 1, made.region.y
+            held[y : y + len(per), x] += per
+            kept[made.name] = (x, y, per)
+        made = k
+        here = held.clone()
+        if k.region.pes and not k.attrs.get("all_ones"):
+            r = k.region
+            here[r.y : r.y + r.height, r.x : r.x + r.width] += pe_bytes(p, k).view(r.height, r.width)
+        yield k, held, here, kept
+        for v in [v for v, j in last.items() if j == i and v in kept]:
+            cx, cy, per = kept.pop(v)
+            held[cy : cy + len(per), cx] -= per
+
+
+def held_peak(p: ProgramData) -> HeldPeak | None:
+    """The PE and step where kept values and the running kernel take the most SRAM (None: a pipelined
+    program, or one that keeps no value between steps)."""
+    best: HeldPeak | None = None
+    for k, held, here, kept in _steps(p):
+        y, x = divmod(int(torch.argmax(here)), p.mesh.width)
+        if best is None or int(here[y, x]) > best.total:
+            names = tuple(v for v, (cx, cy, n) in kept.items() if cx == x and cy <= y < cy + len(n))
+            best = HeldPeak(k.name, x, y, int(held[y, x]), int(here[y, x] - held[y, x]), names)
+    return best
+
+
+def crowded(p: ProgramData) -> list[int]:
+    """Steps (kernel indices) whose own data and the values kept on their PEs overflow a PE's SRAM:
+    the lowering gives them more columns, which spreads their own data."""
+    index = {k.name: i for i, k in enumerate(p.kernels)}
+    out = []
+    for k, _, here, _ in _steps(p):
+        r = k.region
+        if r.pes and int(here[r.y : r.y + r.height, r.x : r.x + r.width].max()) > p.hardware.sram_bytes:
+            out.append(index[k.name])
+    return out
+
+
+def held_overflow(p: ProgramData) -> str | None:
+    """Why ``p``'s kept values do not fit its PEs' SRAM (None: they fit), for the lowering's warning;
+    the message names the step, the PE, the values and about how many rows would fit."""
+    peak = held_peak(p)
+    sram = p.hardware.sram_bytes
+    if peak is None or peak.total <= sram or not peak.values:
+        return None
+    rows = max(rows_of(next(k.shape for k in p.kernels if k.name == v)) for v in peak.values)
+    fits = math.floor(rows * max(sram - peak.own, 0) / peak.held) if peak.held else rows
+    return (
+        f"streaming step {peak.step!r}: PE ({peak.x}, {peak.y}) keeps {peak.held:,} bytes of "
+        f"{', '.join(repr(v) for v in peak.values)} for later steps beside the step's own {peak.own:,}: "
+        f"{peak.total:,} bytes, and a PE has {sram:,} bytes of SRAM. A value kept between streaming "
+        f"steps stays on its producer's east column, every row of its lanes' features; sparsefx does not "
+        f"spill it, so this program's figures assume SRAM the mesh does not have. About {fits:,} of its "
+        f"{rows:,} rows would fit: lower fewer tokens, onto a mesh with more rows, or in pipelined mode"
+    )

@@ -1,0 +1,55 @@
+"""Values a streaming program keeps between steps take SRAM on their producer's east column; where they
+outgrow it, lowering warns and says what would fit (``runtime/held.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+
+import pytest
+import torch
+
+import sparsefx
+from sparsefx.runtime.held import held_peak, lane_bytes
+from sparsefx.runtime.mesh import hardware
+
+SMALL = dataclasses.replace(hardware(), sram_bytes=8192)  # a machine with 8 KB a PE
+
+
+def _model() -> sparsefx.SparseModel:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    return sparsefx.compile(model, 0.9, (torch.randn(4, 32),))
+
+
+def test_kept_bytes_are_every_row_of_each_lanes_features() -> None:
+    x = torch.randn(64, 32)
+    p = sparsefx.lower(_model(), (x,), mesh=(8, 8), mode="streaming")
+    relu = next(k for k in p.kernels if k.op == "elementwise")
+    assert lane_bytes(relu).tolist() == [64 * 8 * 4] * 8  # 64 features on 8 lanes, fp32
+    peak = held_peak(p)
+    assert peak is not None and peak.held >= 64 * 8 * 4
+    assert peak.total <= p.hardware.sram_bytes
+    assert held_peak(sparsefx.lower(_model(), (x,), mesh=(16, 8), mode="pipelined")) is None
+
+
+def test_a_value_that_outgrows_sram_is_a_warning_at_lowering_that_says_what_fits() -> None:
+    sm = _model()
+    with pytest.warns(UserWarning, match="keeps .* bytes of .* for later steps") as caught:
+        p = sparsefx.lower(sm, (torch.randn(512, 32),), mesh=(8, 8), mode="streaming", hardware=SMALL)
+    message = str(caught[0].message)
+    assert "8,192 bytes of SRAM" in message and "does not spill" in message
+    assert held_peak(p).total > SMALL.sram_bytes
+    fits = int(re.search(r"About ([\d,]+) of its 512 rows would fit", message).group(1).replace(",", ""))
+    assert 0 < fits < 512
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the advice holds: no warning
+        p = sparsefx.lower(sm, (torch.randn(fits, 32),), mesh=(8, 8), mode="streaming", hardware=SMALL)
+    assert held_peak(p).total <= SMALL.sram_bytes
+    x = torch.randn(512, 32)  # pipelined keeps nothing between steps
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program = sparsefx.lower(sm, (x,), mesh=(16, 8), mode="pipelined", hardware=SMALL)
+    torch.testing.assert_close(sparsefx.run(program, x).outputs, sm.eval()(x), rtol=1e-4, atol=1e-5)
+
