@@ -148,9 +148,15 @@ def held_overflow(p: ProgramData) -> str | None:
     fits = math.floor(rows * max(sram - peak.own, 0) / peak.held) if peak.held else rows
     return (
         f"streaming step {peak.step!r}: PE ({peak.x}, {peak.y}) keeps {peak.held:,} bytes of "
-        f"{', '.join(repr(v) for v in peak.values)} for later steps beside the step's own {peak.own:,}: "
+        f"{_names(peak.values)} for later steps beside the step's own {peak.own:,}: "
         f"{peak.total:,} bytes, and a PE has {sram:,} bytes of SRAM. A value kept between streaming "
         f"steps stays on its producer's east column, every row of its lanes' features; sparsefx does not "
         f"spill it, so this program's figures assume SRAM the mesh does not have. About {fits:,} of its "
         f"{rows:,} rows would fit: lower fewer tokens, onto a mesh with more rows, or in pipelined mode"
     )
+
+
+def _names(values: tuple[str, ...], shown: int = 3) -> str:
+    """``'a', 'b', 'c' and 11 more``."""
+    names = ", ".join(repr(v) for v in values[:shown])
+    return names if len(values) <= shown else f"{names} and {len(values) - shown} more"
