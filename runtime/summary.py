@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .held import held_peak
 from .memory import SRAM_LABEL, itemsize, sram_needed
 from .program import ProgramData
 
@@ -77,9 +78,18 @@ def summary(program: ProgramData) -> dict[str, Any]:
         "routes": len(program.routes),
         "value_wavelets": sum(traffic.values()),
         "weight_stream_bytes": _weight_stream_bytes(program) if program.mode == "streaming" else 0,
+        "kept": _kept(program),
         "columns_used": sum(w for _, w in used) if program.mode == "pipelined" else program.mesh.width,
     }
     return {"kernels": rows, "totals": totals}
+
+
+def _kept(program: ProgramData) -> dict[str, Any] | None:
+    """Streaming: the busiest PE counting the values kept between steps (``runtime/held.py``)."""
+    peak = held_peak(program)
+    if peak is None:
+        return None
+    return {"step": peak.step, "pe": [peak.x, peak.y], "bytes": peak.total, "kept_bytes": peak.held}
 
 
 def _weight_stream_bytes(program: ProgramData) -> int:
@@ -149,6 +159,14 @@ def totals_table(program: ProgramData) -> Any:
     ]
     if program.mode == "streaming":
         rows.append(("weights streamed in per call", f"{t['weight_stream_bytes']:,} bytes"))
+    if t["kept"] is not None:
+        kept = t["kept"]
+        over = " (over: lowering warned)" if kept["bytes"] > t["sram_bytes"] else ""
+        rows.append((
+            "SRAM of the busiest PE with the values kept between steps",
+            f"{kept['bytes']:,} of {t['sram_bytes']:,} bytes, {kept['kept_bytes']:,} kept, PE "
+            f"({kept['pe'][0]}, {kept['pe'][1]}) in step {kept['step']}{over}",
+        ))  # fmt: skip
     for row in rows:
         table.add_row(*row)
     return table

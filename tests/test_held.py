@@ -53,3 +53,17 @@ def test_a_value_that_outgrows_sram_is_a_warning_at_lowering_that_says_what_fits
         program = sparsefx.lower(sm, (x,), mesh=(16, 8), mode="pipelined", hardware=SMALL)
     torch.testing.assert_close(sparsefx.run(program, x).outputs, sm.eval()(x), rtol=1e-4, atol=1e-5)
 
+
+
+def test_the_program_summary_shows_the_busiest_pe_with_kept_values() -> None:
+    """``sparsefx inspect`` and ``lower``'s report read it from ``summary``."""
+    from sparsefx.runtime.summary import summary, totals_table
+
+    x = torch.randn(64, 32)
+    p = sparsefx.lower(_model(), (x,), mesh=(8, 8), mode="streaming")
+    kept, peak = summary(p)["totals"]["kept"], held_peak(p)
+    assert kept == {"step": peak.step, "pe": [peak.x, peak.y], "bytes": peak.total, "kept_bytes": peak.held}
+    labels = [c for c in totals_table(p).columns[0].cells]
+    assert "SRAM of the busiest PE with the values kept between steps" in labels
+    pipelined = sparsefx.lower(_model(), (x,), mesh=(16, 8), mode="pipelined")
+    assert summary(pipelined)["totals"]["kept"] is None
