@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .blocking import kernel_lanes
 from .cost import features_of, rows_of
 from .memory import itemsize, pe_bytes
 from .program import Kernel, ProgramData, lane_bounds
@@ -64,14 +65,10 @@ class HeldPeak:
         return self.held + self.own
 
 
-def _lanes(k: Kernel) -> int:
-    given = k.attrs.get("lanes", k.region.height)
-    return max(1, min(int(given), features_of(k.shape), k.region.height))
-
-
 def lane_bytes(k: Kernel) -> torch.Tensor:
     """``[lanes]``: bytes of ``k``'s whole result each lane's PE keeps (every row of its features)."""
-    bounds = lane_bounds(features_of(k.shape), _lanes(k))
+    f = features_of(k.shape)
+    bounds = lane_bounds(f, kernel_lanes(k, f))
     return (bounds[1:] - bounds[:-1]).to(torch.int64) * rows_of(k.shape) * itemsize(k.dtype)
 
 
@@ -86,9 +83,9 @@ def _last_reads(p: ProgramData) -> dict[str, int]:
     return last
 
 
-def _steps(p: ProgramData) -> Iterator[tuple[Kernel, torch.Tensor, torch.Tensor, dict]]:
-    """Each step of streaming ``p`` that keeps a value: its kernel, the bytes kept on each PE
-    (``[height, width]``), those plus the kernel's own, and the kept values by (column, rows)."""
+def _steps(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, torch.Tensor, dict]]:
+    """Each step of streaming ``p`` that keeps a value: its index and kernel, the bytes kept on each
+    PE (``[height, width]``), those plus the kernel's own, and the kept values by (column, rows)."""
     last = _last_reads(p)
     if p.mode != "streaming" or not last or not p.has_payloads:
         return
@@ -107,7 +104,7 @@ def _steps(p: ProgramData) -> Iterator[tuple[Kernel, torch.Tensor, torch.Tensor,
         if k.region.pes and not k.attrs.get("all_ones"):
             r = k.region
             here[r.y : r.y + r.height, r.x : r.x + r.width] += pe_bytes(p, k).view(r.height, r.width)
-        yield k, held, here, kept
+        yield i, k, held, here, kept
         for v in [v for v, j in last.items() if j == i and v in kept]:
             cx, cy, per = kept.pop(v)
             held[cy : cy + len(per), cx] -= per
@@ -117,7 +114,7 @@ def held_peak(p: ProgramData) -> HeldPeak | None:
     """The PE and step where kept values and the running kernel take the most SRAM (None: a pipelined
     program, or one that keeps no value between steps)."""
     best: HeldPeak | None = None
-    for k, held, here, kept in _steps(p):
+    for _, k, held, here, kept in _steps(p):
         y, x = divmod(int(torch.argmax(here)), p.mesh.width)
         if best is None or int(here[y, x]) > best.total:
             names = tuple(v for v, (cx, cy, n) in kept.items() if cx == x and cy <= y < cy + len(n))
@@ -128,12 +125,11 @@ def held_peak(p: ProgramData) -> HeldPeak | None:
 def crowded(p: ProgramData) -> list[int]:
     """Steps (kernel indices) whose own data and the values kept on their PEs overflow a PE's SRAM:
     the lowering gives them more columns, which spreads their own data."""
-    index = {k.name: i for i, k in enumerate(p.kernels)}
     out = []
-    for k, _, here, _ in _steps(p):
+    for i, k, _, here, _ in _steps(p):
         r = k.region
         if r.pes and int(here[r.y : r.y + r.height, r.x : r.x + r.width].max()) > p.hardware.sram_bytes:
-            out.append(index[k.name])
+            out.append(i)
     return out
 
 
@@ -144,7 +140,7 @@ def held_overflow(p: ProgramData) -> str | None:
     sram = p.hardware.sram_bytes
     if peak is None or peak.total <= sram or not peak.values:
         return None
-    rows = max(rows_of(next(k.shape for k in p.kernels if k.name == v)) for v in peak.values)
+    rows = max(rows_of(p.kernel(v).shape) for v in peak.values)
     fits = math.floor(rows * max(sram - peak.own, 0) / peak.held) if peak.held else rows
     return (
         f"streaming step {peak.step!r}: PE ({peak.x}, {peak.y}) keeps {peak.held:,} bytes of "

@@ -46,6 +46,7 @@ import torch
 
 from sparsefx.errors import EmulationError
 
+from .blocking import kernel_lanes
 from .cost import (
     allreduce_cycles,
     block_rows,
@@ -120,11 +121,6 @@ def _sizes(rows: int, b: int) -> list[int]:
     rows = max(rows, 1)
     n = math.ceil(rows / b)
     return [b] * (n - 1) + [rows - b * (n - 1)]
-
-
-def _lanes(kernel: Kernel, features: int) -> int:
-    given = kernel.attrs.get("lanes", kernel.region.height)
-    return max(1, min(int(given), features, kernel.region.height))
 
 
 class _Run:
@@ -206,7 +202,7 @@ class ReferenceMachine:
     def _sparse_value(self, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
         arrays = {role: self.p.arrays[name] for role, name in k.arrays.items()}
         r = k.region
-        lanes = _lanes(k, int(k.attrs["out_features"]))
+        lanes = kernel_lanes(k, int(k.attrs["out_features"]))
 
         def product(s: Any, x: torch.Tensor) -> torch.Tensor:
             return route_product(s, x, r.width, r.height, lanes)
@@ -238,9 +234,8 @@ class ReferenceMachine:
         b = block_rows(k)
         wave = [wavelets(n, k.dtype, self.hw) for n in _sizes(rows_of(k.shape), b)]
         east = k.region.x + k.region.width - 1
-        return Sent(
-            k.name, k.dtype, f, _lanes(k, f), rows_of(k.shape), b, wave, east, color, self.tensors[k.name]
-        )
+        lanes = kernel_lanes(k, f)
+        return Sent(k.name, k.dtype, f, lanes, rows_of(k.shape), b, wave, east, color, self.tensors[k.name])
 
     # -- the play ------------------------------------------------------------------------------------
 
@@ -267,9 +262,8 @@ class ReferenceMachine:
             raise EmulationError(f"the reference machine stalled: kernel {missing[0]!r} never finished")
         times = [self.times[k.name] for k in kernels]
         edge = {n: torch.tensor(self.at_edge.get(n, []), dtype=torch.int64) for n in self.p.outputs}
-        edge = {n: m.view(-1, 2) for n, m in edge.items()}
-        rate = self.hw.host_wavelets_per_cycle
-        done = outputs_in_host({n: (m[:, 0], m[:, 1]) for n, m in edge.items()}, rate)
+        edge = {n: (m.view(-1, 2)[:, 0], m.view(-1, 2)[:, 1]) for n, m in edge.items()}
+        done = outputs_in_host(edge, self.hw.host_wavelets_per_cycle)
         cycles = max([kt.end for kt in times] + list(done.values()) + [0])
         flows = {name: self._flow(v) for name, v in self.values.items()}
         return Timeline(times, flows, cycles, done)
@@ -544,7 +538,7 @@ class ReferenceMachine:
         k, r, out = run.k, run.k.region, run.out
         color = self.reduce_color[k.name]
         out_f = s.out_features
-        lanes = _lanes(k, out_f)
+        lanes = kernel_lanes(k, out_f)
         bounds = lane_bounds(out_f, lanes).tolist()
         lane_of = [bisect.bisect_right(bounds, o) - 1 for o in range(out_f)]
         holders: dict[tuple[int, int], list[int]] = {}  # (column, output) -> rows holding it
