@@ -5,7 +5,7 @@
 
 A program file is a zip of exactly three members, all stored uncompressed (``ZIP_STORED``):
 
-- ``manifest.json``: ``{"format": "sparsefx-program", "format_version": 2, "sparsefx_version": ...,
+- ``manifest.json``: ``{"format": "sparsefx-program", "format_version": 3, "sparsefx_version": ...,
   "counts": {kernels, routes, inputs, outputs, arrays, payload_bytes}, "members": {name: {size, sha256}}}``
   (the sha256 of each other member);
 - ``program.txt``: the text form (``runtime/text.py``);
@@ -194,7 +194,7 @@ def _manifest(buffer: mmap.mmap, member: zip_view.Member) -> dict[str, Any]:
     version = data.get("format_version")
     if version not in READS_VERSIONS or type(version) is not int:
         newer = type(version) is int and version > FORMAT_VERSION
-        reads = " and ".join(str(v) for v in READS_VERSIONS)
+        reads = ", ".join(str(v) for v in READS_VERSIONS[:-1]) + f" and {READS_VERSIONS[-1]}"
         raise ProgramFormatError(
             f"{MANIFEST}: format_version {_short(version)} is "
             + ("newer than this sparsefx reads" if newer else "unknown")

@@ -44,12 +44,13 @@ __all__ = [
 ]
 
 FORMAT = "sparsefx-program"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The manifest's ``format_version`` this sparsefx writes. 2: the hardware line has
-``vector_start_cycles``. Files of ``READS_VERSIONS`` load (a field an older file lacks takes its
-default); any other version is refused, naming both."""
+``vector_start_cycles``. 3: the output tree may have ``cat`` nodes (``runtime/outputs.py``). Files of
+``READS_VERSIONS`` load (a field an older file lacks takes its default); any other version is refused,
+naming both."""
 
-READS_VERSIONS = (1, 2)
+READS_VERSIONS = (1, 2, 3)
 
 MANIFEST, TEXT, TENSORS = "manifest.json", "program.txt", "tensors.safetensors"
 MEMBERS = (MANIFEST, TEXT, TENSORS)

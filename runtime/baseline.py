@@ -8,7 +8,9 @@ weight's placement is a geometry, so ``dense_program`` describes it (``runtime/l
 ``all_ones``) instead of storing a dense copy of every weight. A plan without ``"placement"`` (a
 program lowered before the baseline had the balanced placement) keeps the block geometry. The clocks
 then run it through the same cost rules as the real program. A dense kernel too big for the mesh's
-SRAM in weight-streaming mode runs in ``passes`` over slices of its outputs, then a ``cat``.
+SRAM in weight-streaming mode runs in ``passes`` over slices of its outputs, then a ``cat``; or, where
+the kernel's value is a program output, its passes go to the host as they are made and the host puts
+them together, as the real lowering does with its own parts (``passes/lower/host_join.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 
 import torch
 
+from .outputs import split_outputs
 from .program import Kernel, ProgramData, Region
 
 __all__ = ["dense_program", "dense_activity", "unavailable"]
@@ -74,14 +77,25 @@ def dense_program(program: ProgramData) -> ProgramData | None:
     if unavailable(program) is not None:
         return None
     kernels: list[Kernel] = []
+    to_host: dict[str, tuple[tuple[str, ...], int]] = {}
+    read = {v for k in program.kernels for v in k.inputs}
     for k in program.kernels:
         plan = k.attrs["dense"]
         region = Region(*plan["region"])
         dense = _plain(k, region, plan)
         n = int(plan.get("passes", 1))
-        kernels += _passes(dense, n) if n > 1 and k.op == "sparse_matmul" else [dense]
+        if n <= 1 or k.op != "sparse_matmul":
+            kernels.append(dense)
+            continue
+        *pieces, cat = _passes(dense, n)
+        kernels += pieces
+        if k.name in program.outputs and k.name not in read:
+            to_host[k.name] = (cat.inputs, cat.attrs["dim"])
+        else:
+            kernels.append(cat)
     out = copy.copy(program)
     out.kernels = kernels
+    out.outputs, out.output_tree = split_outputs(program.outputs, program.output_tree, to_host)
     out.routes = []
     out.meta = dict(program.meta, baseline="dense")
     return out

@@ -45,7 +45,7 @@ from .cost import features_of, rows_of
 from .memory import itemsize, pe_bytes
 from .program import Kernel, ProgramData, lane_bounds
 
-__all__ = ["HeldPeak", "crowded", "held_peak", "held_overflow", "lane_bytes"]
+__all__ = ["HeldPeak", "crowded", "held_peak", "held_overflow", "kept_beside", "lane_bytes"]
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,9 @@ def _last_reads(p: ProgramData) -> dict[str, int]:
     return last
 
 
-def _steps(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, torch.Tensor, dict]]:
+def _kept(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, dict]]:
     """Each step of streaming ``p`` that keeps a value: its index and kernel, the bytes kept on each
-    PE (``[height, width]``), those plus the kernel's own, and the kept values by (column, rows)."""
+    PE (``[height, width]``, changed after the step) and the kept values by (column, rows)."""
     last = _last_reads(p)
     if p.mode != "streaming" or not last or not p.has_payloads:
         return
@@ -100,14 +100,33 @@ def _steps(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, torch.Te
             held[y : y + len(per), x] += per
             kept[made.name] = (x, y, per)
         made = k
+        yield i, k, held, kept
+        for v in [v for v, j in last.items() if j == i and v in kept]:
+            cx, cy, per = kept.pop(v)
+            held[cy : cy + len(per), cx] -= per
+
+
+def _steps(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, torch.Tensor, dict]]:
+    """``_kept``'s steps, each also with the bytes kept on each PE plus the kernel's own."""
+    for i, k, held, kept in _kept(p):
         here = held.clone()
         if k.region.pes and not k.attrs.get("all_ones"):
             r = k.region
             here[r.y : r.y + r.height, r.x : r.x + r.width] += pe_bytes(p, k).view(r.height, r.width)
         yield i, k, held, here, kept
-        for v in [v for v, j in last.items() if j == i and v in kept]:
-            cx, cy, per = kept.pop(v)
-            held[cy : cy + len(per), cx] -= per
+
+
+def kept_beside(p: ProgramData) -> dict[str, torch.Tensor]:
+    """Each streaming step (kernel name) whose PEs keep values for later steps: ``[region pes]`` bytes
+    kept on each of its PEs (row-major in its region, as ``memory.pe_bytes``), which its own data must
+    leave room for (``passes/lower/blocks.py`` sizes its rows in flight by it)."""
+    out = {}
+    for _, k, held, _ in _kept(p):
+        r = k.region
+        here = held[r.y : r.y + r.height, r.x : r.x + r.width]
+        if r.pes and bool(here.any()):
+            out[k.name] = here.reshape(-1).clone()
+    return out
 
 
 def held_peak(p: ProgramData) -> HeldPeak | None:

@@ -1,9 +1,11 @@
 """A program's outputs in the model's own structure, rebuilt from ``program.output_tree``.
 
 ``output_tree`` is plain JSON data recorded at lowering: ``tensor`` (an index into ``program.outputs``),
-``const`` (a JSON value), ``tuple``, ``list`` and ``dict`` nodes, and ``dataclass``/``object`` nodes that
-name a class, its field names (``keys``) and their values (``items``). A program file is untrusted, so a
-class named by the tree is instantiated only if it is on ``ALLOWED``:
+``const`` (a JSON value), ``tuple``, ``list`` and ``dict`` nodes, ``cat`` nodes (tensors the host puts
+together along ``dim``: the parts of a streamed matmul, ``passes/lower/host_join.py``), and
+``dataclass``/``object`` nodes that name a class, its field names (``keys``) and their values
+(``items``). A program file is untrusted, so a class named by the tree is instantiated only if it is on
+``ALLOWED``:
 
 - the Hugging Face key/value caches ``DynamicCache`` (with its ``DynamicLayer``s) and
   ``EncoderDecoderCache``, rebuilt through their public constructors and ``update``;
@@ -33,11 +35,12 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 import torch.utils._pytree as pytree
 
 from sparsefx.errors import EmulationError
 
-__all__ = ["rebuild_outputs", "ALLOWED", "MAX_DEPTH"]
+__all__ = ["rebuild_outputs", "split_outputs", "ALLOWED", "MAX_DEPTH"]
 
 MAX_DEPTH = 64
 """The deepest output tree rebuilt; a deeper one (a hostile file) is an ``EmulationError``."""
@@ -166,15 +169,44 @@ def rebuild_outputs(tree: Any, outputs: list[Any], spec: Any = None) -> Any:
     return value
 
 
+def split_outputs(
+    outputs: list[str], tree: Any, parts: Mapping[str, tuple[tuple[str, ...], int]]
+) -> tuple[list[str], Any]:
+    """``outputs`` and ``tree`` with each output ``name`` in ``parts`` (``name -> (names, dim)``) sent as
+    the values ``names``, which the host puts together along ``dim`` (a ``cat`` node)::
+
+        >>> split_outputs(["y", "z"], {"type": "tuple", "items": [{"type": "tensor", "index": 0},
+        ...               {"type": "tensor", "index": 1}]}, {"y": (("y0", "y1"), 1)})[0]
+        ['y0', 'y1', 'z']
+    """
+    new: list[str] = []
+    nodes: dict[int, dict[str, Any]] = {}  # each old output index -> the node that now gives it
+    for i, name in enumerate(outputs):
+        names, dim = parts.get(name, ((name,), None))
+        items = [{"type": "tensor", "index": len(new) + j} for j in range(len(names))]
+        new += names
+        nodes[i] = items[0] if dim is None else {"type": "cat", "dim": dim, "items": items}
+
+    def node(t: Any) -> Any:
+        if isinstance(t, dict) and t.get("type") == "tensor" and type(t.get("index")) is int:
+            return nodes.get(t["index"], t)
+        if isinstance(t, dict) and isinstance(t.get("items"), list):
+            return {**t, "items": [node(item) for item in t["items"]]}
+        return t
+
+    return new, node(tree)
+
+
 def _node(tree: Any, depth: int) -> str:
     if depth > MAX_DEPTH:
         raise EmulationError(f"the output tree is nested deeper than {MAX_DEPTH} levels")
     if not isinstance(tree, dict) or "type" not in tree:
         raise EmulationError(f"output tree node {str(tree)[:200]} has no type")
     kind = tree["type"]
-    if kind not in ("tensor", "const", "tuple", "list", "dict", "dataclass", "object"):
+    if kind not in ("tensor", "cat", "const", "tuple", "list", "dict", "dataclass", "object"):
         raise EmulationError(
-            f"output tree node type {kind!r} is not tensor, const, tuple, list, dict, dataclass or object"
+            f"output tree node type {kind!r} is not tensor, cat, const, tuple, list, dict, dataclass "
+            "or object"
         )
     return kind
 
@@ -193,10 +225,27 @@ def _tensor(tree: dict[str, Any], outputs: list[Any]) -> Any:
     return outputs[index]
 
 
+def _cat(tree: dict[str, Any], outputs: list[Any], depth: int) -> torch.Tensor:
+    """A ``cat`` node's tensors, put together along its ``dim``."""
+    items = _items(tree)
+    parts = [_build(item, outputs, {}, depth + 1) for item in items]
+    dim = tree.get("dim")
+    if not parts or not all(isinstance(t, torch.Tensor) for t in parts):
+        raise EmulationError(f"output tree cat node has items {str(items)[:200]}; it needs tensors")
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -parts[0].dim() <= dim < parts[0].dim():
+        raise EmulationError(f"output tree cat node has dim {dim!r}; its tensors have {parts[0].dim()} dims")
+    try:
+        return torch.cat(parts, dim)
+    except RuntimeError as exc:
+        raise EmulationError(f"output tree cat node: its tensors do not fit together ({exc})") from None
+
+
 def _build(tree: Any, outputs: list[Any], refused: dict[str, str], depth: int) -> Any:
     kind = _node(tree, depth)
     if kind == "tensor":
         return _tensor(tree, outputs)
+    if kind == "cat":
+        return _cat(tree, outputs, depth)
     if kind == "const":
         return tree.get("value")
     items = [_build(item, outputs, refused, depth + 1) for item in _items(tree)]
@@ -234,6 +283,8 @@ def _leaves(tree: Any, outputs: list[Any], depth: int) -> list[Any]:
     kind = _node(tree, depth)
     if kind == "tensor":
         return [_tensor(tree, outputs)]
+    if kind == "cat":
+        return [_cat(tree, outputs, depth)]
     if kind == "const":
         return [tree.get("value")]
     return [leaf for item in _items(tree) for leaf in _leaves(item, outputs, depth + 1)]

@@ -6,7 +6,7 @@ re-exported here; the parser builds the public ``DataflowProgram`` (``runtime/da
 One line per item, in this order (MLIR-like: ``%name`` is a value, ``dtype[shape]`` a type, ``{...}``
 JSON data with sorted keys)::
 
-    sparsefx.program 2                        the format and its version
+    sparsefx.program 3                        the format and its version
     mesh 4x4 mode=pipelined placement=block
     hardware name="wse2" sram_bytes=49152 ... every HardwareSpec field, as JSON
     meta {...}
@@ -86,10 +86,10 @@ _KERNEL_FIELDS = "end of line (kernel fields: nnz, routes, colors, attrs, arrays
 def parse_program(text: str) -> DataflowProgram:
     """The program ``print_program`` wrote, without payloads; ``ProgramFormatError`` on any flaw.
 
-    >>> parse_program("sparsefx.program 3")
+    >>> parse_program("sparsefx.program 4")
     Traceback (most recent call last):
     ...
-    sparsefx.errors.ProgramFormatError: line 1, column 18: expected version 1 or 2 (this sparsefx reads ...
+    sparsefx.errors.ProgramFormatError: line 1, column 18: expected version 1, 2 or 3 (this sparsefx reads ...
     """
     if not isinstance(text, str):
         raise ProgramFormatError(f"a program text is a str, not {type(text).__name__}")
@@ -131,7 +131,7 @@ class _Parser:
         start = c.skip()
         version = c.int(f"version {VERSION}")
         if version not in READS:
-            reads = " or ".join(str(v) for v in READS)
+            reads = ", ".join(str(v) for v in READS[:-1]) + f" or {READS[-1]}"
             raise c.error(f"version {reads} (this sparsefx reads versions {reads})", start)
         self.version = version
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import sparsefx
-from sparsefx.runtime.held import held_peak, lane_bytes
+from sparsefx.models.gpt import GPT, GPTConfig
+from sparsefx.passes.lower.blocks import fits
+from sparsefx.runtime.held import held_peak, kept_beside, lane_bytes
 from sparsefx.runtime.mesh import hardware
 
 SMALL = dataclasses.replace(hardware(), sram_bytes=8192)  # a machine with 8 KB a PE
@@ -53,6 +55,28 @@ def test_a_value_that_outgrows_sram_is_a_warning_at_lowering_that_says_what_fits
         program = sparsefx.lower(sm, (x,), mesh=(16, 8), mode="pipelined", hardware=SMALL)
     torch.testing.assert_close(sparsefx.run(program, x).outputs, sm.eval()(x), rtol=1e-4, atol=1e-5)
 
+
+@pytest.mark.parametrize(
+    ("tokens", "mesh", "sram"), [(16, (8, 8), 4096), (32, (8, 8), 8192), (48, (16, 8), 8192)]
+)
+def test_each_step_sizes_its_blocks_to_leave_room_for_the_values_kept_on_its_pes(tokens, mesh, sram) -> None:
+    """A GPT block keeps the residual and q, k and v on column 0 while the head split, attention and
+    MLP steps run there. Sized for their own data alone, those steps filled the PE (each of these
+    cases warned); they now take fewer rows in flight, and every step fits beside what is kept."""
+    torch.manual_seed(tokens)
+    model = GPT(GPTConfig(n_layer=1, n_head=4, d_model=64, vocab_size=256, max_seq_len=64)).eval()
+    ids = torch.randint(0, 256, (1, tokens))
+    sm = sparsefx.compile(model, 0.9, (ids,))
+    machine = dataclasses.replace(hardware(), sram_bytes=sram)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = sparsefx.lower(sm, (ids,), mesh=mesh, mode="streaming", hardware=machine)
+    beside = kept_beside(p)
+    assert beside and any(k.name in beside and k.op == "layout" for k in p.kernels)
+    assert all(fits(p, k, beside) for k in p.kernels)
+    assert held_peak(p).total <= sram
+    ids = torch.randint(0, 256, (1, tokens))
+    torch.testing.assert_close(sparsefx.run(p, (ids,)).outputs, sm.eval()(ids), rtol=1e-4, atol=1e-5)
 
 
 def test_the_program_summary_shows_the_busiest_pe_with_kept_values() -> None:

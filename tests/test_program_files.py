@@ -155,7 +155,7 @@ def test_the_file_is_a_stored_zip_of_three_members_with_a_manifest(saved: Path) 
     assert all(i.compress_type == zipfile.ZIP_STORED and i.date_time == (1980, 1, 1, 0, 0, 0) for i in infos)
     members = _members(saved)
     manifest = json.loads(members[MANIFEST])
-    assert manifest["format_version"] == 2 and manifest["sparsefx_version"] == sparsefx.__version__
+    assert manifest["format_version"] == 3 and manifest["sparsefx_version"] == sparsefx.__version__
     assert manifest["counts"] == {
         "arrays": 12, "inputs": 1, "kernels": 2, "outputs": 1, "routes": 2,
         "payload_bytes": sum(s.nbytes for s in p.specs.values()),
@@ -386,11 +386,11 @@ def test_truncated_files(cut: float, saved: Path, tmp_path: Path) -> None:
     ("changes", "message"),
     [
         (
-            {"format_version": 3},
-            r"format_version 3 is newer than this sparsefx reads; .* reads format_version 1 and 2",
+            {"format_version": 4},
+            r"format_version 4 is newer than this sparsefx reads; .* reads format_version 1, 2 and 3",
         ),
-        ({"format_version": "1"}, r"format_version '1' is unknown; .* reads format_version 1 and 2"),
-        ({"format_version": 0}, r"format_version 0 is unknown; .* reads format_version 1 and 2"),
+        ({"format_version": "1"}, r"format_version '1' is unknown; .* reads format_version 1, 2 and 3"),
+        ({"format_version": 0}, r"format_version 0 is unknown; .* reads format_version 1, 2 and 3"),
         ({"format_version": True}, r"format_version True is unknown"),
         ({"format": "zip"}, r"format is 'zip'; expected 'sparsefx-program'"),
         ({"extra": 1}, r"has keys .*; expected"),
@@ -408,7 +408,7 @@ def test_a_version_1_file_loads_with_the_default_vector_start(saved: Path, tmp_p
     text say 1, its hardware line has no such field) loads, the field at its default, with the same
     kernels and payloads."""
     members = _members(saved)
-    text = members[TEXT].decode().replace("sparsefx.program 2", "sparsefx.program 1", 1)
+    text = members[TEXT].decode().replace("sparsefx.program 3", "sparsefx.program 1", 1)
     members[TEXT] = re.sub(r" vector_start_cycles=\d+", "", text, count=1).encode()
     old = sparsefx.load_program(_pack(tmp_path / "v1.sfxp", _rehash(members, format_version=1)))
     new = sparsefx.load_program(saved)

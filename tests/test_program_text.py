@@ -196,7 +196,7 @@ def dict_outputs() -> DataflowProgram:
 
 
 MLP_TEXT = r"""
-sparsefx.program 2
+sparsefx.program 3
 mesh 8x2 mode=pipelined placement=block
 hardware name="tiny" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
 meta {"model": "MLP", "seed": 0, "sparsity": 0.9}
@@ -232,7 +232,7 @@ end kernels=3 routes=5 arrays=16 bytes=2286
 
 
 STREAMING_TEXT = r"""
-sparsefx.program 2
+sparsefx.program 3
 mesh 4x4 mode=streaming placement=balanced
 hardware name="wse3 (custom)" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=1100000000.0 simd_widths={"bfloat16": 8, "float16": 8, "float32": 4} task_start_cycles=6 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=125000000000.0 weight_bytes_per_s=150000000000.0
 meta {"batch": 2, "eps": 1e-300, "nested": {"a": [1, 2.5, null, true]}, "notes": ["tiny", "\u00b5-test"]}
@@ -265,7 +265,7 @@ end kernels=4 routes=6 arrays=10 bytes=?
 
 
 DICT_OUTPUTS_TEXT = r"""
-sparsefx.program 2
+sparsefx.program 3
 mesh 6x1 mode=pipelined placement=block
 hardware name="wse2" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
 meta {}
@@ -357,9 +357,9 @@ def _lines(edit) -> str:
 
 
 BAD = [
-    ("", "line 1: expected the header 'sparsefx.program 2'; the text ends"),
-    ("hello world", "line 1, column 1: expected the header 'sparsefx.program 2'; found 'hello world'"),
-    (_replace("sparsefx.program 2", "sparsefx.program 3"), "line 1, column 18: expected version 1 or 2"),
+    ("", "line 1: expected the header 'sparsefx.program 3'; the text ends"),
+    ("hello world", "line 1, column 1: expected the header 'sparsefx.program 3'; found 'hello world'"),
+    (_replace("sparsefx.program 3", "sparsefx.program 4"), "line 1, column 18: expected version 1, 2 or 3"),
     (
         _lines(lambda ls: ls.pop()),
         "line 31: expected an 'array' line or an 'end' line; the text ends (is it cut off?)",
@@ -622,8 +622,8 @@ def test_huge_and_garbage_sizes_in_a_text_are_verify_errors(old: str, new: str, 
 
 def test_a_version_1_text_parses_with_the_default_vector_start() -> None:
     """Version 2 added ``vector_start_cycles`` to the hardware line; a version-1 text, which has none,
-    still parses, the field at its default, and prints back as version 2."""
-    old = MLP_TEXT.replace("sparsefx.program 2", "sparsefx.program 1").replace(" vector_start_cycles=2", "")
+    still parses, the field at its default, and prints back as the version this sparsefx writes."""
+    old = MLP_TEXT.replace("sparsefx.program 3", "sparsefx.program 1").replace(" vector_start_cycles=2", "")
     program = parse_program(old)
     assert program.hardware.vector_start_cycles == HardwareSpec().vector_start_cycles
     assert print_program(program) == MLP_TEXT

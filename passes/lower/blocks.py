@@ -30,8 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
+
 from sparsefx.runtime.alone import kernel_alone
 from sparsefx.runtime.cost import row_streaming, rows_of
+from sparsefx.runtime.held import kept_beside
 from sparsefx.runtime.layout import Layout, layout
 from sparsefx.runtime.memo import kept
 from sparsefx.runtime.memory import pe_bytes
@@ -73,9 +76,15 @@ def candidates(rows: int) -> list[int]:
     return sorted(set(sizes), reverse=True)
 
 
-def fits(program: ProgramData, k: Kernel) -> bool:
-    """Whether the kernel's busiest PE holds its data at its rows in flight."""
-    return k.region.pes == 0 or int(pe_bytes(program, k).max()) <= program.hardware.sram_bytes
+def fits(program: ProgramData, k: Kernel, beside: Mapping[str, torch.Tensor] | None = None) -> bool:
+    """Whether the kernel's busiest PE holds its data at its rows in flight, beside what a streaming
+    program keeps on its PEs for later steps (``beside``: ``held.kept_beside``)."""
+    if k.region.pes == 0:
+        return True
+    need = pe_bytes(program, k)
+    if beside and k.name in beside:
+        need = need + beside[k.name]
+    return int(need.max()) <= program.hardware.sram_bytes
 
 
 def followers(program: ProgramData, k: Kernel) -> list[Kernel]:
@@ -92,9 +101,12 @@ def followers(program: ProgramData, k: Kernel) -> list[Kernel]:
     return out
 
 
-def best_sparse(program: ProgramData, k: Kernel) -> tuple[int, int, int] | None:
+def best_sparse(
+    program: ProgramData, k: Kernel, beside: Mapping[str, torch.Tensor] | None = None
+) -> tuple[int, int, int] | None:
     """``(cycles, rows in flight, cycles of k alone)`` of a sparse matmul's fastest block size, or None if
-    none fits. ``cycles`` add the time of each of its ``followers`` alone at the same block size."""
+    none fits (beside the values kept on its PEs, ``fits``). ``cycles`` add the time of each of its
+    ``followers`` alone at the same block size."""
     best: tuple[int, int, int] | None = None
     worse = 0
     least_busy = None  # pipelined: the busiest PE's cycles at the longest block that fits
@@ -102,7 +114,7 @@ def best_sparse(program: ProgramData, k: Kernel) -> tuple[int, int, int] | None:
     after = followers(program, k)
     for b in candidates(rows_of(k.shape)):
         k.attrs["rows_in_flight"] = b
-        if not k.attrs.get("all_ones") and not fits(program, k):
+        if not k.attrs.get("all_ones") and not fits(program, k, beside):
             continue
         alone, busy = _timed(program, k, known, b)
         cycles = alone
@@ -142,6 +154,19 @@ def _follower(program: ProgramData, c: Kernel, b: int) -> tuple[int, int]:
     return kept(None, ("follower", _geometry(program, c), repr(program.hardware), b), timed)
 
 
+def _rows(program: ProgramData, k: Kernel, b: int, beside: Mapping[str, torch.Tensor]) -> int | None:
+    """The most rows in flight, ``b`` halved until it fits beside ``beside`` (else without it), for a
+    kernel whose block size is not searched."""
+    for room in (beside, None):
+        n: int | None = b
+        while n is not None:
+            k.attrs["rows_in_flight"] = n
+            if k.attrs.get("all_ones") or fits(program, k, room):
+                return n
+            n = n // 2 or None
+    return None
+
+
 def _tuned(k: Kernel) -> bool:
     return k.op == "sparse_matmul" and k.attrs.get("kind") in ROW_MATMULS
 
@@ -160,11 +185,11 @@ def _timed(program: ProgramData, k: Kernel, known: Layout, b: int) -> tuple[int,
     return round(whole.end + (whole.end - half.end) * more), round(busy[1] + (busy[1] - busy[0]) * more)
 
 
-def _fits_at(program: ProgramData, k: Kernel, b: int) -> bool:
-    """Whether ``k`` fits its PEs' SRAM at ``b`` rows in flight (an all-ones matmul keeps no data);
-    leaves its ``rows_in_flight`` at ``b``."""
+def _fits_at(program: ProgramData, k: Kernel, b: int, beside: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``k`` fits its PEs' SRAM at ``b`` rows in flight beside ``beside`` (an all-ones matmul
+    keeps no data); leaves its ``rows_in_flight`` at ``b``."""
     k.attrs["rows_in_flight"] = b
-    return bool(k.attrs.get("all_ones")) or fits(program, k)
+    return bool(k.attrs.get("all_ones")) or fits(program, k, beside)
 
 
 def _geometry(program: ProgramData, k: Kernel) -> tuple:
@@ -177,12 +202,17 @@ def _geometry(program: ProgramData, k: Kernel) -> tuple:
 def plan_blocks(program: ProgramData, known: Mapping[str, int] | None = None) -> None:
     """Set ``attrs["rows_in_flight"]`` on every kernel that streams rows (module docstring); ``known``
     gives sparse matmuls whose block size was found already (``tune.py``). A known size that overflows
-    the kernel's own PEs (a later layer given the first one's size untimed) is searched again."""
+    the kernel's own PEs (a later layer given the first one's size untimed) is searched again.
+
+    In a streaming program each step's data leaves room for the values kept on its PEs for later
+    steps (``held.kept_beside``); a step that cannot, at any block size, is sized as if they were not
+    there, and the lowering warns (``held.held_overflow``)."""
+    beside = kept_beside(program)
     chosen: dict[str, int] = {}
     geometric: dict[tuple, tuple[int, int, int] | None] = {}  # all-ones kernels: timed by geometry alone
     for k in program.kernels:
         if _tuned(k):
-            if known and k.name in known and _fits_at(program, k, known[k.name]):
+            if known and k.name in known and _fits_at(program, k, known[k.name], beside):
                 found: tuple[int | None, int, int | None] | None = (None, known[k.name], None)
             elif k.attrs.get("all_ones"):
                 key = (_geometry(program, k), *(_geometry(program, c) for c in followers(program, k)))
@@ -190,16 +220,11 @@ def plan_blocks(program: ProgramData, known: Mapping[str, int] | None = None) ->
                     geometric[key] = best_sparse(program, k)
                 found = geometric[key]
             else:
-                found = best_sparse(program, k)
+                found = best_sparse(program, k, beside) or best_sparse(program, k)
             b = None if found is None else found[1]
         else:
             aligned = [chosen[v] for v in k.inputs if v in chosen and row_streaming(program, k, v)]
-            b = min(aligned) if aligned else max(rows_of(k.shape), 1)
-            while b is not None:
-                k.attrs["rows_in_flight"] = b
-                if k.attrs.get("all_ones") or fits(program, k):
-                    break
-                b = b // 2 or None
+            b = _rows(program, k, min(aligned) if aligned else max(rows_of(k.shape), 1), beside)
         if b is None:
             k.attrs.pop("rows_in_flight", None)
             continue

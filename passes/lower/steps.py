@@ -31,6 +31,7 @@ from .builder import Pending
 from .connect import assign, internal_routes, tasks_for, value_routes
 from .dense_plan import dense_pending, plan_dense
 from .flops import counted_flops
+from .host_join import join_on_host
 from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
@@ -87,6 +88,7 @@ class WalkGraph:
         state.meta["flops"] = counted_flops(state.graph, state.args, state.kwargs)
         state.program = None
         state.meta["walk"] = walk
+        state.meta["outputs"] = [walk.outputs, walk.output_tree]  # size-regions may join some on the host
         return PassResult(state, True)  # type: ignore[arg-type]
 
 
@@ -108,7 +110,8 @@ class SizeRegions:
 
     @staticmethod
     def _split_streamed(state: LoweringState, lanes: int, sram: int) -> None:
-        """Streaming: a matmul wider than the mesh runs in passes over slices of its outputs."""
+        """Streaming: a matmul wider than the mesh runs in passes over slices of its outputs; the parts
+        of one the model returns go to the host, which puts them together (``host_join.py``)."""
         pending, widths = [], []
         for p, w in zip(state.pending, state.widths):
             if p.sparse is None:
@@ -120,7 +123,11 @@ class SizeRegions:
                 need = [w]
             pending += pieces
             widths += need
-        state.pending, state.widths = pending, widths
+        walk = state.meta["walk"]
+        kept, outputs, tree = join_on_host(pending, walk.outputs, walk.output_tree)
+        state.meta["outputs"] = [outputs, tree]
+        width = {p.name: w for p, w in zip(pending, widths)}
+        state.pending, state.widths = kept, [width[p.name] for p in kept]
 
 
 def _kernel(p: Pending, region: Region) -> Kernel:
@@ -178,8 +185,8 @@ class PlaceData:
         walk = state.meta["walk"]
         p = DataflowProgram(state.mesh, state.hardware, state.mode, state.placement)
         p.inputs = list(walk.builder.inputs)
-        p.outputs = list(walk.outputs)
-        p.output_tree = walk.output_tree
+        outputs, p.output_tree = state.meta["outputs"]
+        p.outputs = list(outputs)
         p.output_spec = walk.output_spec
         grow = []
         cache = state.meta.setdefault("placed", {})  # (kernel, width, height) -> arrays, across attempts
