@@ -21,7 +21,9 @@ The assumptions varied are the ``HardwareSpec`` fields that ``runtime/mesh.py`` 
   kernel's task, each partial-sum add;
 * **fp32 SIMD width**, ``simd_widths["float32"]`` (2): half the published fp16 width; the model runs in
   fp32, so the fp16 and bf16 widths (published) are not varied;
-* **weight streaming rate**, ``weight_bytes_per_s`` (150 GB/s): assumed equal to the host I/O rate.
+* **weight streaming rate**, ``weight_bytes_per_s`` (150 GB/s): assumed equal to the host I/O rate;
+* **SRAM bandwidth**, ``sram_bytes_per_cycle`` (27.7 bytes a cycle): derived from the published 20 PB/s
+  over 850,000 cores at 850 MHz, with reads and writes assumed to share it (``cost.vector_cycles``).
 
 Integers halve and double exactly (8 -> 4 and 16, 2 -> 1 and 4). The operations per element of the
 other kernels (6 for a layer norm, 5 for softmax, 4 for a transcendental function) are also an
@@ -121,6 +123,13 @@ ASSUMPTIONS: tuple[tuple[str, str, Any, Any, Any], ...] = (
         lambda hw: hw.weight_bytes_per_s,
         lambda hw, v: dataclasses.replace(hw, weight_bytes_per_s=v),
         lambda v: f"{v / 1e9:g} GB/s",
+    ),
+    (
+        "SRAM bandwidth",
+        "`sram_bytes_per_cycle`",
+        lambda hw: hw.sram_bytes_per_cycle,
+        lambda hw, v: dataclasses.replace(hw, sram_bytes_per_cycle=v),
+        lambda v: f"{v:.1f} bytes/cycle",
     ),
 )
 """The assumed costs varied, in table order (module docstring)."""

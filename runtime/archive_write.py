@@ -4,7 +4,7 @@ Only the writer: it sits below ``DataflowProgram`` (``runtime/dataflow.py``), wh
 takes any ``ProgramData``. The format's names and limits are here, and ``archive.py`` re-exports them::
 
     >>> MEMBERS, FORMAT, FORMAT_VERSION, READS_VERSIONS
-    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 2, (1, 2))
+    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 3, (1, 2, 3))
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ __all__ = [
 FORMAT = "sparsefx-program"
 FORMAT_VERSION = 3
 """The manifest's ``format_version`` this sparsefx writes. 2: the hardware line has
-``vector_start_cycles``. 3: the output tree may have ``cat`` nodes (``runtime/outputs.py``). Files of
-``READS_VERSIONS`` load (a field an older file lacks takes its default); any other version is refused,
-naming both."""
+``vector_start_cycles``. 3: the hardware line has ``sram_bytes_per_cycle`` and the output tree may
+have ``cat`` nodes (``runtime/outputs.py``). Files of ``READS_VERSIONS`` load (a field an older file
+lacks takes its default); any other version is refused, naming both."""
 
 READS_VERSIONS = (1, 2, 3)
 

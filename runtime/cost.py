@@ -10,7 +10,9 @@ The machine model (``docs/architecture.md``, "Executing a program"):
 - A PE runs its tasks one at a time in arrival order: a task starts at ``max(arrival, PE free)`` and
   keeps the PE for its cost. Each PE's clock advances by the work it does.
 - A task starts once (``task_start_cycles``); each vector operation inside it starts once too
-  (``vector_start_cycles``) and then takes ``ceil(rows / simd)`` over the block's rows.
+  (``vector_start_cycles``) and then takes ``ceil(rows / simd)`` over the block's rows, or longer where
+  its operands' SRAM traffic (``OPERANDS`` values an element: two read, one written) needs more
+  cycles at ``sram_bytes_per_cycle``.
 - A sparse matmul's task is the arrival of input feature ``j`` on a PE, for one block of rows: one AXPY
   per local nonzero of column ``j`` (``sparse_task_cycles``: the task start, then ``axpy_cycles`` per
   nonzero). A message whose vector is all zero is not sent (the sender filters it) and triggers nothing.
@@ -46,6 +48,7 @@ from .program import Kernel, ProgramData
 T = TypeVar("T", int, torch.Tensor)
 
 __all__ = [
+    "OPERANDS",
     "idle_tasks",
     "ZERO_SKIPPING",
     "ELEMENT_OPS",
@@ -90,10 +93,25 @@ def simd(dtype: str, hw: HardwareSpec) -> int:
     return hw.simd_widths.get(dtype, 1)
 
 
+OPERANDS = 3
+"""Values of SRAM traffic a vector operation moves per element: an AXPY ``y += w * x`` reads ``y`` and
+the arrived ``x`` (which each of the task's AXPYs reads again) and writes ``y``; an elementwise op or
+a partial-sum add reads two and writes one (a unary op moves two: counting three is an upper bound)."""
+
+
 def vector_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:
     """One vector operation over ``rows`` values inside a running task: its start plus ``ceil(rows /
-    simd)``."""
-    return hw.vector_start_cycles + math.ceil(rows / simd(dtype, hw))
+    simd)``, or the cycles its SRAM traffic takes where that is more (``OPERANDS``)::
+
+        >>> from sparsefx.runtime.mesh import HardwareSpec
+        >>> vector_cycles(128, "float32", HardwareSpec())  # 2 + 128 / 2 lanes: 24 bytes a cycle fit
+        66
+        >>> vector_cycles(128, "float32", HardwareSpec(sram_bytes_per_cycle=12))  # 1,536 bytes / 12
+        130
+    """
+    lanes = math.ceil(rows / simd(dtype, hw))
+    traffic = math.ceil(rows * OPERANDS * itemsize(dtype) / hw.sram_bytes_per_cycle)
+    return hw.vector_start_cycles + max(lanes, traffic)
 
 
 def axpy_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:

@@ -214,11 +214,11 @@ class FastClock:
         head = depart[q][:, feats].add_(hops)  # at (x, lane row)
         if forks:  # up or down the column: queued on the busiest link the message crosses
             qs, q_at = torch.unique(q, return_inverse=True)
-            first = torch.full((len(qs),), blocks, dtype=torch.int64).scatter_reduce(
-                0, q_at, torch.arange(blocks), "amin"
-            )  # a consumer block that reads each source block
-            at_column = head[first[:, None], pair[None, :]]  # [source blocks, messages on a column]
-            cost = flow.sends[qs][:, feats[pair]]  # a filtered message (0 wavelets) does not queue
+            if len(qs) == 1:  # it reads the whole value: every block of it crosses the column
+                qs, q_at = torch.arange(int(qs[0]) + 1), q
+            sent = feats[pair]
+            at_column = depart[qs][:, sent].add_(hops[:, pair])  # [source blocks, messages on a column]
+            cost = flow.sends[qs][:, sent]  # a filtered message (0 wavelets) does not queue
             lanes_of = queue[None, :].expand_as(at_column)
             done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
             start = done.reshape(cost.shape) - cost

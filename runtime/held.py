@@ -7,15 +7,17 @@ holds ``rows * lane_features * itemsize`` bytes of it from the step after its pr
 own step, its rows in flight are the producer's buffers, ``memory.pe_bytes``) to its last reader's,
 beside whatever the running kernel keeps on that PE.
 
-The lowering gives a step more columns where that spreads its own data enough (``crowded``). Where it
-cannot, the program still lowers and runs, but sparsefx neither spills nor charges a spill: lowering
-warns, naming the step, the PE, the values and about how many rows would fit, since the program's
-figures then assume SRAM the mesh does not have. (An error would refuse, by a few bytes, programs whose
-placement, not their size, puts a kept value beside a kernel's buffers; a mapping that keeps values
-away from busy PEs, or spread over the PEs that read them, is the fix.)
-Program inputs wait in the host and outputs leave to it as they are made (``runtime/host.py``), so
-neither is kept on the mesh, and a pipelined program streams its values between kernels that run at
-once, so it keeps none::
+The lowering gives a step more columns where that spreads its own data enough (``crowded``), and fewer
+rows in flight, so that its own data fits beside what is kept on its PEs (``kept_beside``,
+``passes/lower/blocks.py``). Where neither is enough, the program still lowers and runs, but sparsefx
+neither spills nor charges a spill: lowering warns, naming the step, the PE, the values and about how
+many rows would fit, since the program's figures then assume SRAM the mesh does not have. (An error
+would refuse, by a few bytes, programs whose placement, not their size, puts a kept value beside a
+kernel's buffers; a mapping that keeps values away from busy PEs, or spread over the PEs that read them,
+is the fix.)
+Program inputs wait in the host and outputs leave to it as they are made (``runtime/host.py``; a
+streamed matmul's parts too, ``passes/lower/host_join.py``), so neither is kept on the mesh, and a
+pipelined program streams its values between kernels that run at once, so it keeps none::
 
     >>> import torch, sparsefx
     >>> x = torch.randn(64, 32)

@@ -221,10 +221,15 @@ class HardwareSpec:
     # Off-mesh weight memory to the mesh in weight-streaming mode, bytes per second.
     # Assumption: the same 1.2 Tb/s as host I/O (weights enter through the same edge).
     weight_bytes_per_s: float = 150e9
+    # Bytes a PE's SRAM reads and writes per cycle, together. Derived: the WSE-2's published memory
+    # bandwidth, 20 PB/s, over its 850,000 cores at 850 MHz (about 27.7 bytes a cycle). Assumption:
+    # reads and writes share it, and a vector operation moves its operands through it
+    # (``cost.vector_cycles``: an AXPY reads y and x and writes y).
+    sram_bytes_per_cycle: float = 20e15 / 850_000 / 850e6
 
     def __post_init__(self) -> None:
         positive = ("sram_bytes", "wavelet_bits", "link_wavelets_per_cycle", "colors", "clock_hz")
-        for name in positive + ("host_bytes_per_s", "weight_bytes_per_s"):
+        for name in positive + ("host_bytes_per_s", "weight_bytes_per_s", "sram_bytes_per_cycle"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise LoweringError(f"hardware {name} {value!r} is not valid; it must be a positive number")
@@ -295,8 +300,11 @@ _WSE3_SIMD = {
 PRESETS: dict[str, tuple[MeshSpec, HardwareSpec]] = {
     # The SDK's WSE-2 fabric (REFERENCE §4).
     "wse2": (MeshSpec(757, 996), HardwareSpec()),
-    # CS-3 (REFERENCE §4).
-    "wse3": (MeshSpec(762, 1172), HardwareSpec(name="wse3", simd_widths=_WSE3_SIMD)),
+    # CS-3 (REFERENCE §4); its SRAM: 21 PB/s over 900,000 cores (WSE-3 datasheet), at the same clock.
+    "wse3": (
+        MeshSpec(762, 1172),
+        HardwareSpec(name="wse3", simd_widths=_WSE3_SIMD, sram_bytes_per_cycle=21e15 / 900_000 / 850e6),
+    ),
     # Small meshes of WSE-2 PEs, for tests and the reference executor.
     "tiny": (MeshSpec(4, 4), HardwareSpec(name="tiny")),
     "small": (MeshSpec(16, 16), HardwareSpec(name="small")),

@@ -149,6 +149,8 @@ class _Parser:
         names = [f.name for f in dataclasses.fields(HardwareSpec)]
         if self.version < 2:  # version 1 had no vector starts: the field takes its default
             names.remove("vector_start_cycles")
+        if self.version < 3:  # nor had versions 1 and 2 the SRAM bandwidth
+            names.remove("sram_bytes_per_cycle")
         data = {name: c.keyed(name, c.json, f"the {name}") for name in names}
         if not isinstance(data["name"], str) or not isinstance(data["simd_widths"], dict):
             raise c.error("a hardware name string and a simd_widths object", start)

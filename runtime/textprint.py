@@ -36,8 +36,8 @@ __all__ = [
 FORMAT = "sparsefx.program"
 VERSION = 3
 """The header line is ``f"{FORMAT} {VERSION}"`` (2: the hardware line has ``vector_start_cycles``; 3:
-the output tree may have ``cat`` nodes). Texts of ``READS`` parse (a hardware field an older text lacks
-takes its default); others are refused."""
+it has ``sram_bytes_per_cycle``, and the output tree may have ``cat`` nodes). Texts of ``READS`` parse
+(a hardware field an older text lacks takes its default); others are refused."""
 
 READS = (1, 2, 3)
 

@@ -3,13 +3,23 @@ partial sum that meets another is added in, and a matmul that keeps every weight
 
 from __future__ import annotations
 
+import dataclasses
+from math import ceil
+
 import pytest
 import torch
 
 import sparsefx
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.baseline import dense_program
-from sparsefx.runtime.cost import axpy_cycles, partial_add_cycles, sparse_task_cycles, task_cycles
+from sparsefx.runtime.cost import (
+    OPERANDS,
+    axpy_cycles,
+    partial_add_cycles,
+    sparse_task_cycles,
+    task_cycles,
+    vector_cycles,
+)
 from sparsefx.runtime.layout import RANGE_BYTES, dense_layout, weight_bytes
 from sparsefx.runtime.mesh import HardwareSpec
 
@@ -106,3 +116,42 @@ def test_the_vector_start_is_a_hardware_number() -> None:
         with pytest.raises(LoweringError, match="vector_start_cycles"):
             HardwareSpec(vector_start_cycles=bad)
     assert HardwareSpec().vector_start_cycles == 2
+
+
+def test_sram_bandwidth_binds_where_a_vector_operation_moves_more_than_it_serves() -> None:
+    """A vector operation moves ``OPERANDS`` values an element through SRAM (an AXPY reads y and x and
+    writes y). On WSE-2 that is 24 bytes a cycle at fp32's 2 lanes and fp16's 4, under the 27.7 the
+    published 20 PB/s gives each PE, so the lanes bind; on a PE with a quarter of it the traffic does."""
+    hw = HardwareSpec()
+    assert 27 < hw.sram_bytes_per_cycle < 28 and OPERANDS == 3
+    slow = HardwareSpec(sram_bytes_per_cycle=hw.sram_bytes_per_cycle / 4)
+    for dtype, size in (("float32", 4), ("float16", 2), ("bfloat16", 2)):
+        lanes = hw.simd_widths[dtype]
+        for rows in (1, 7, 32, 128, 1000):
+            assert vector_cycles(rows, dtype, hw) == hw.vector_start_cycles + -(-rows // lanes)
+            moved = rows * OPERANDS * size / slow.sram_bytes_per_cycle
+            want = hw.vector_start_cycles + max(-(-rows // lanes), ceil(moved))
+            assert vector_cycles(rows, dtype, slow) == want
+    with pytest.raises(LoweringError, match="sram_bytes_per_cycle"):
+        HardwareSpec(sram_bytes_per_cycle=0)
+
+
+@pytest.mark.parametrize("executor", ["fast", "reference"])
+def test_both_executors_charge_the_sram_bandwidth(executor: str) -> None:
+    """The same program on a PE with a quarter of the SRAM bandwidth: every task takes longer by the
+    rule, in both executors, and its values are the same."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3, bias=False)
+    x = torch.randn(12, 8)
+    program = sparsefx.lower(sparsefx.compile(model, 0.0, (x,)), (x,), mesh=(1, 1))
+    sizes = _sizes(program.kernels[0].attrs["rows_in_flight"], 12)
+    wse2 = sparsefx.run(program, (x,), executor=executor)
+    program.hardware = dataclasses.replace(program.hardware, sram_bytes_per_cycle=27.68166089965398 / 4)
+    slow = sparsefx.run(program, (x,), executor=executor)
+    want = sum(8 * sparse_task_cycles(3, n, "float32", program.hardware) for n in sizes)
+    assert int(slow.stats.pe_busy.sum()) == want > int(wse2.stats.pe_busy.sum())
+    assert torch.equal(slow.outputs, wse2.outputs)
+
+
+def _sizes(b: int, rows: int) -> list[int]:
+    return [b] * (rows // b) + ([rows % b] if rows % b else [])

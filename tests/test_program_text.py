@@ -198,7 +198,7 @@ def dict_outputs() -> DataflowProgram:
 MLP_TEXT = r"""
 sparsefx.program 3
 mesh 8x2 mode=pipelined placement=block
-hardware name="tiny" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
+hardware name="tiny" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0 sram_bytes_per_cycle=27.68166089965398
 meta {"model": "MLP", "seed": 0, "sparsity": 0.9}
 input %x : float32[8, 64]
 output %fc2
@@ -234,7 +234,7 @@ end kernels=3 routes=5 arrays=16 bytes=2286
 STREAMING_TEXT = r"""
 sparsefx.program 3
 mesh 4x4 mode=streaming placement=balanced
-hardware name="wse3 (custom)" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=1100000000.0 simd_widths={"bfloat16": 8, "float16": 8, "float32": 4} task_start_cycles=6 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=125000000000.0 weight_bytes_per_s=150000000000.0
+hardware name="wse3 (custom)" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=1100000000.0 simd_widths={"bfloat16": 8, "float16": 8, "float32": 4} task_start_cycles=6 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=125000000000.0 weight_bytes_per_s=150000000000.0 sram_bytes_per_cycle=27.68166089965398
 meta {"batch": 2, "eps": 1e-300, "nested": {"a": [1, 2.5, null, true]}, "notes": ["tiny", "\u00b5-test"]}
 input %"input ids" : int64[2, 6]
 input %mask : bool[2, 6]
@@ -267,7 +267,7 @@ end kernels=4 routes=6 arrays=10 bytes=?
 DICT_OUTPUTS_TEXT = r"""
 sparsefx.program 3
 mesh 6x1 mode=pipelined placement=block
-hardware name="wse2" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0
+hardware name="wse2" sram_bytes=49152 wavelet_bits=32 link_wavelets_per_cycle=1 colors=24 clock_hz=850000000.0 simd_widths={"bfloat16": 4, "float16": 4, "float32": 2} task_start_cycles=8 vector_start_cycles=2 hop_cycles=1 host_bytes_per_s=150000000000.0 weight_bytes_per_s=150000000000.0 sram_bytes_per_cycle=27.68166089965398
 meta {}
 input %h : float32[4, 8]
 output %logits
@@ -620,10 +620,17 @@ def test_huge_and_garbage_sizes_in_a_text_are_verify_errors(old: str, new: str, 
         program.verify()
 
 
-def test_a_version_1_text_parses_with_the_default_vector_start() -> None:
-    """Version 2 added ``vector_start_cycles`` to the hardware line; a version-1 text, which has none,
-    still parses, the field at its default, and prints back as the version this sparsefx writes."""
-    old = MLP_TEXT.replace("sparsefx.program 3", "sparsefx.program 1").replace(" vector_start_cycles=2", "")
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_text_parses_with_the_default_hardware_fields(version: int) -> None:
+    """Version 2 added ``vector_start_cycles`` to the hardware line and version 3
+    ``sram_bytes_per_cycle``; an older text, which has not got them, still parses, the fields at their
+    defaults, and prints back as the version this sparsefx writes."""
+    old = MLP_TEXT.replace("sparsefx.program 3", f"sparsefx.program {version}")
+    old = old.replace(" sram_bytes_per_cycle=27.68166089965398", "")
+    if version == 1:
+        old = old.replace(" vector_start_cycles=2", "")
+    assert old != MLP_TEXT
     program = parse_program(old)
     assert program.hardware.vector_start_cycles == HardwareSpec().vector_start_cycles
+    assert program.hardware.sram_bytes_per_cycle == HardwareSpec().sram_bytes_per_cycle
     assert print_program(program) == MLP_TEXT
