@@ -227,8 +227,9 @@ def _per_lane(flow: Flow, wavelets: torch.Tensor) -> torch.Tensor:
 
 
 def _links(program: ProgramData, timeline: Timeline) -> _Traffic:
-    """Wavelets sent, link hops and the hottest links, from value flows and column reductions; and
-    the wavelets the senders filtered (all-zero messages) with the link hops they would have taken."""
+    """Wavelets sent, link hops and the hottest links, from value flows (to the kernels that read them,
+    and the program's outputs east to the host) and column reductions; and the wavelets the senders
+    filtered (all-zero messages) with the link hops they would have taken."""
     planes = torch.zeros((4, program.mesh.width, program.mesh.height), dtype=torch.int64)  # E, W, S, N
     sent = filtered = saved = 0
     for kt in timeline.kernels:
@@ -250,6 +251,16 @@ def _links(program: ProgramData, timeline: Timeline) -> _Traffic:
             planes[2, r.x : r.x + r.width, r.y : r.y + r.height] += south  # [width, height] as the bus
             planes[3, r.x : r.x + r.width, r.y : r.y + r.height] += north
             sent += int(south.sum() + north.sum())
+    for value in dict.fromkeys(program.outputs):  # east from the producer to the mesh's edge
+        flow = timeline.flows.get(value)
+        if flow is None:
+            continue
+        lanes, kept = _per_lane(flow, flow.sends), _per_lane(flow, flow.filtered)
+        sent += int(lanes.sum())
+        filtered += int(kept.sum())
+        a = max(flow.east + 1, 0)
+        planes[0, a:, : flow.lanes] += lanes[None, :]
+        saved += int(kept.sum()) * (program.mesh.width - a)
     hops = int(planes.sum())
     grid = planes.permute(2, 1, 0)  # [height, width, direction]: links numbered row by row
     names = ("E", "W", "S", "N")

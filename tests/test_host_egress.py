@@ -18,6 +18,7 @@ from sparsefx.runtime.host import in_host, outputs_in_host
 from sparsefx.runtime.mesh import hardware
 from sparsefx.runtime.reference import execute
 from sparsefx.runtime.run import _Activity
+from sparsefx.runtime.stats import _links
 
 
 def _timelines(host_bytes_per_s: float, mode: str) -> tuple[dict, float]:
@@ -65,3 +66,20 @@ def test_outputs_share_one_host_queue() -> None:
     assert outputs_in_host({"a": a, "b": a}, 44.0) == {"a": 440, "b": 440}  # 880 / 44 = 20: links bind
     assert outputs_in_host({"a": a, "b": a}, 1.0) == {"a": 440, "b": 880}  # b waits behind a
     assert outputs_in_host({"a": (torch.tensor([]), torch.tensor([]))}, 1.0) == {"a": 0}
+
+
+def test_the_traffic_counts_the_outputs_way_to_the_host() -> None:
+    """``stats.wavelets`` and ``link_hops`` count each output's messages east from its producer's east
+    column to the mesh's edge, as they count the messages kernels read."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU()), 0.5, (x,))
+    program = sparsefx.lower(sm, (x,), mesh=(12, 8), mode="streaming")
+    timeline = simulate(program)
+    flow = timeline.flows[program.outputs[0]]
+    assert 0 <= flow.east < program.mesh.width - 2  # the output has columns to cross
+    alone = dataclasses.replace(program, outputs=[])
+    with_out, without = _links(program, timeline), _links(alone, timeline)
+    assert with_out.sent - without.sent == int(flow.sends.sum()) > 0
+    assert with_out.hops - without.hops == int(flow.sends.sum()) * (program.mesh.width - flow.east - 1)
+    assert any(x > flow.east and d == "E" for x, _, d, _ in with_out.hottest)

@@ -37,11 +37,12 @@ def _lowered(model: torch.nn.Module, x: torch.Tensor, mode: str = "streaming") -
 
 def _expected_filtered(program: sparsefx.DataflowProgram, values: dict[str, torch.Tensor]) -> int:
     """Wavelets the senders save, counted from the values themselves: every all-zero message of every
-    value a kernel reads, less the lone end-of-block wavelet of a lane whose last message is all zero."""
+    value a kernel reads, and of every output, less the lone end-of-block wavelet of a lane whose last
+    message is all zero."""
     hw, saved = program.hardware, 0
     producers = {k.name: k for k in program.kernels}
-    for k in program.kernels:
-        for name in dict.fromkeys(k.inputs):
+    for reads in [k.inputs for k in program.kernels] + [program.outputs]:
+        for name in dict.fromkeys(reads):
             flat = values[name].reshape(-1, values[name].shape[-1])
             rows, f = flat.shape
             if name in producers:  # a kernel's result, in its blocks, on its lanes
