@@ -113,6 +113,28 @@ def _share_host_rows(flows: list[Flow]) -> None:
             flow._shared.clear()
 
 
+@dataclasses.dataclass
+class _Plan:
+    """A value's messages to a kernel's PEs before the column links (``FastClock._plan``): the heads at
+    the column, and the entries of those that fork onto the column's links (``queue``, one link id per
+    entry; None when none fork), with where their queued starts go back (``q_at``, ``k_at``,
+    ``fork_at``)."""
+
+    flow: Flow
+    feats: torch.Tensor
+    q: torch.Tensor
+    depart: torch.Tensor
+    hops: torch.Tensor
+    climb: torch.Tensor
+    head: torch.Tensor
+    queue: torch.Tensor | None = None
+    at_column: torch.Tensor | None = None
+    cost: torch.Tensor | None = None
+    q_at: torch.Tensor | None = None
+    k_at: torch.Tensor | None = None
+    fork_at: torch.Tensor | None = None
+
+
 class FastClock:
     """The mesh of ``runtime/cost.py`` as the fast executor times it: kernel by kernel in program order,
     each kernel from its inputs' ``Flow``s, all of its messages and tasks at once as tensors (one
@@ -203,33 +225,76 @@ class FastClock:
     ) -> torch.Tensor:
         """``[blocks, n]``: when feature ``feats[n]`` of each block reaches the PE at ``(x, y)``. ``key``
         names ``feats``, ``x`` and ``y`` among the kernel's structures (``_kept``)."""
+        return self.arrivals_together([(value, feats, key)], kernel, blocks, b, x, y)[0]
+
+    def arrivals_together(
+        self,
+        reads: list[tuple[str, torch.Tensor, tuple]],
+        kernel: Kernel,
+        blocks: int,
+        b: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """``arrivals`` of several values a kernel reads, ``(value, feats, key)`` each, to the same PEs:
+        their messages that fork up or down the kernel's columns queue on those links together, as the
+        reference's do (two operands of an attention matmul share the column they climb)."""
+        plans = [self._plan(value, kernel, blocks, b, feats, x, y, key) for value, feats, key in reads]
+        queued = [p for p in plans if p.queue is not None]
+        if queued:
+            done = fifo(
+                torch.cat([p.queue for p in queued]),
+                torch.cat([p.at_column.reshape(-1) for p in queued]),
+                torch.cat([p.cost.reshape(-1) for p in queued]),
+            )
+            for p, d in zip(queued, torch.split(done, [p.cost.numel() for p in queued])):
+                start = d.reshape(p.cost.shape) - p.cost
+                p.head[:, p.fork_at] = start[p.q_at[:, None], p.k_at[None, :]]
+        return [self._arrived(p) for p in plans]
+
+    def _plan(
+        self,
+        value: str,
+        kernel: Kernel,
+        blocks: int,
+        b: int,
+        feats: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        key: tuple,
+    ) -> _Plan:
+        """A value's messages to ``(x, y)`` up to the column they fork on, and the queue entries of
+        those that fork (``_Plan``)."""
         flow, hop = self.flows[value], self.hw.hop_cycles
         rise, forks, fork_at, k_at, pair, queue = self._kept(  # pair: the fork that queues for a message
             kernel, ("arrivals", flow.features, flow.lanes) + key, lambda: self._forks(flow, feats, x, y)
         )
         q = self._source_blocks(flow, kernel, value, blocks, b)
         depart = flow.depart(self.t0 if self.streaming else 0)
-        sends = flow.sends[q]  # [blocks, all features]
         hops = (self._hops(flow, x) * hop)[None, :]
         head = depart[q][:, feats].add_(hops)  # at (x, lane row)
+        plan = _Plan(flow, feats, q, depart, hops, (rise.abs() * hop)[None, :], head)
         if forks:  # up or down the column: queued on the busiest link the message crosses
             qs, q_at = torch.unique(q, return_inverse=True)
             if len(qs) == 1:  # it reads the whole value: every block of it crosses the column
                 qs, q_at = torch.arange(int(qs[0]) + 1), q
             sent = feats[pair]
-            at_column = depart[qs][:, sent].add_(hops[:, pair])  # [source blocks, messages on a column]
-            cost = flow.sends[qs][:, sent]  # a filtered message (0 wavelets) does not queue
-            lanes_of = queue[None, :].expand_as(at_column)
-            done = fifo(lanes_of.reshape(-1), at_column.reshape(-1), cost.reshape(-1))
-            start = done.reshape(cost.shape) - cost
-            head[:, fork_at] = start[q_at[:, None], k_at[None, :]]
-        climb = (rise.abs() * hop)[None, :]
-        arrived = head.add_(climb).add_(sends[:, feats])
+            plan.at_column = depart[qs][:, sent].add_(hops[:, pair])  # [source blocks, messages on a column]
+            plan.cost = flow.sends[qs][:, sent]  # a filtered message (0 wavelets) does not queue
+            plan.queue = queue[None, :].expand_as(plan.at_column).reshape(-1)
+            plan.q_at, plan.k_at, plan.fork_at = q_at, k_at, fork_at
+        return plan
+
+    @staticmethod
+    def _arrived(plan: _Plan) -> torch.Tensor:
+        """When each planned message's last wavelet reaches its PE (a filtered one: its lane's mark)."""
+        flow, q, feats = plan.flow, plan.q, plan.feats
+        arrived = plan.head.add_(plan.climb).add_(flow.sends[q][:, feats])
         if flow.live is None:
             return arrived
         # a filtered message: its reader knows it is all zero when its lane's end-of-block mark arrives
         last = flow.last[feats]
-        mark = depart[q][:, last].add_(hops).add_(climb).add_(sends[:, last])
+        mark = plan.depart[q][:, last].add_(plan.hops).add_(plan.climb).add_(flow.sends[q][:, last])
         return torch.where(flow.live[q][:, feats], arrived, mark)
 
     def _forks(self, flow: Flow, feats: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple:
@@ -588,15 +653,17 @@ class FastClock:
         arr = torch.full((blocks, f), t0, dtype=torch.int64)
         latest: dict[str, int] = {}
         heard = torch.zeros((blocks, f), dtype=torch.bool)  # some input message of the task has data
+        reads = []
         for value in dict.fromkeys(k.inputs):
             flow = self.flows[value]
             if flow.features == 0:  # an empty value (a cat's empty cache, say) sends no message
                 continue
             fin = torch.clamp(feats * flow.features // max(f, 1), max=flow.features - 1)
-            a = self.arrivals(value, k, blocks, b, fin, px, py, ("dense",))
+            reads.append((value, fin, ("dense",)))
+            heard |= self._heard(flow, k, value, blocks, b)[:, fin]
+        for (value, _, _), a in zip(reads, self.arrivals_together(reads, k, blocks, b, px, py)):
             latest[value] = int(a.max())
             arr = torch.maximum(arr, a)
-            heard |= self._heard(flow, k, value, blocks, b)[:, fin]
         ops = ops_per_element(self.p, k)
         cost = per_block(lambda n: task_cycles(ops, n, k.dtype, hw), sizes)
         cost_b = cost[:, None].expand(blocks, f)
