@@ -55,6 +55,8 @@ def wave_runs(wave: torch.Tensor, step: int) -> list[tuple[int, int, int]]:
 def blocked(rows: torch.Tensor, b: int) -> torch.Tensor:
     """``[rows, features]`` nonzero flags -> ``[blocks, features]``: whether any row of a block is nonzero."""
     blocks = -(-rows.shape[0] // b)
+    if blocks * b == rows.shape[0]:  # whole blocks: a view, no copy
+        return rows.reshape(blocks, b, -1).any(dim=1)
     padded = torch.zeros((blocks * b, rows.shape[1]), dtype=torch.bool)
     padded[: rows.shape[0]] = rows
     return padded.reshape(blocks, b, -1).any(dim=1)

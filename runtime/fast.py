@@ -160,6 +160,7 @@ class FastClock:
         self.layouts = layouts or {}
         self.hw = program.hardware
         self.activity = {n: a.to(device or "cpu") for n, a in (activity or {}).items()}
+        self._blocked: dict[tuple[str, int], torch.Tensor | None] = {}
         self.flows: dict[str, Flow] = {
             s.name: _host_flow(program, s.name, s.shape, s.dtype, self.live(s.name, max(rows_of(s.shape), 1)))
             for s in program.inputs
@@ -176,8 +177,10 @@ class FastClock:
     def live(self, value: str, b: int) -> torch.Tensor | None:
         """``[blocks, features]``: which messages of ``value`` in blocks of ``b`` rows hold a nonzero
         (None: unknown, every message is sent)."""
-        seen = self.activity.get(value)
-        return None if seen is None or seen.dim() != 2 else blocked(seen, b)
+        if (value, b) not in self._blocked:  # each value's flags in blocks of ``b``, once a run
+            seen = self.activity.get(value)
+            self._blocked[value, b] = None if seen is None or seen.dim() != 2 else blocked(seen, b)
+        return self._blocked[value, b]
 
     def _kept(self, k: Kernel, key: tuple, build: Callable[[], Any]) -> Any:
         """``build()`` once per kernel structure, ``key`` and device: what depends on the program, not
