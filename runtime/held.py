@@ -109,13 +109,21 @@ def _kept(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, dict]]:
 
 
 def _steps(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, torch.Tensor, dict]]:
-    """``_kept``'s steps, each also with the bytes kept on each PE plus the kernel's own."""
+    """``_kept``'s steps, each also with the kernel's own bytes on its region's PEs (``[height, width]``
+    of the region, zeros where it keeps none), not added to the mesh-wide ``held``: a copy of the whole
+    mesh per step would cost more than the step on a wafer-sized one."""
     for i, k, held, kept in _kept(p):
-        here = held.clone()
-        if k.region.pes and not k.attrs.get("all_ones"):
-            r = k.region
-            here[r.y : r.y + r.height, r.x : r.x + r.width] += pe_bytes(p, k).view(r.height, r.width)
-        yield i, k, held, here, kept
+        r = k.region
+        own = torch.zeros(r.height, r.width, dtype=torch.int64)
+        if r.pes and not k.attrs.get("all_ones"):
+            own = pe_bytes(p, k).view(r.height, r.width)
+        yield i, k, held, own, kept
+
+
+def _region_total(held: torch.Tensor, own: torch.Tensor, k: Kernel) -> torch.Tensor:
+    """``[height, width]`` of ``k``'s region: the bytes kept on each of its PEs plus its own."""
+    r = k.region
+    return held[r.y : r.y + r.height, r.x : r.x + r.width] + own
 
 
 def kept_beside(p: ProgramData) -> dict[str, torch.Tensor]:
@@ -135,23 +143,40 @@ def held_peak(p: ProgramData) -> HeldPeak | None:
     """The PE and step where kept values and the running kernel take the most SRAM (None: a pipelined
     program, or one that keeps no value between steps)."""
     best: HeldPeak | None = None
-    for _, k, held, here, kept in _steps(p):
-        y, x = divmod(int(torch.argmax(here)), p.mesh.width)
-        if best is None or int(here[y, x]) > best.total:
+    for _, k, held, own, kept in _steps(p):
+        x, y, total = _busiest(held, own, k)
+        if best is None or total > best.total:
             names = tuple(v for v, (cx, cy, n) in kept.items() if cx == x and cy <= y < cy + len(n))
-            best = HeldPeak(k.name, x, y, int(held[y, x]), int(here[y, x] - held[y, x]), names)
+            mine = int(own[y - k.region.y, x - k.region.x]) if k.region.contains(x, y) else 0
+            best = HeldPeak(k.name, x, y, total - mine, mine, names)
     return best
+
+
+def _busiest(held: torch.Tensor, own: torch.Tensor, k: Kernel) -> tuple[int, int, int]:
+    """``(x, y, bytes)`` of the PE holding the most, kept and own, during ``k``'s step (the first in
+    row-major order on ties). Inside the region a PE holds its kept bytes and more, so the busiest PE is
+    outside it only where a kept value alone outweighs the region's busiest."""
+    r, width = k.region, held.shape[1]
+    x = y = total = -1
+    if r.pes:
+        here = _region_total(held, own, k)
+        ry, rx = divmod(int(torch.argmax(here)), r.width)
+        x, y, total = r.x + rx, r.y + ry, int(here[ry, rx])
+    top = int(held.max())
+    if top > total:
+        y, x = divmod(int(torch.argmax(held)), width)
+        total = top
+    return x, y, total
 
 
 def crowded(p: ProgramData) -> list[int]:
     """Steps (kernel indices) whose own data and the values kept on their PEs overflow a PE's SRAM:
     the lowering gives them more columns, which spreads their own data."""
-    out = []
-    for i, k, _, here, _ in _steps(p):
-        r = k.region
-        if r.pes and int(here[r.y : r.y + r.height, r.x : r.x + r.width].max()) > p.hardware.sram_bytes:
-            out.append(i)
-    return out
+    return [
+        i
+        for i, k, held, own, _ in _steps(p)
+        if k.region.pes and int(_region_total(held, own, k).max()) > p.hardware.sram_bytes
+    ]
 
 
 def held_overflow(p: ProgramData) -> str | None:
