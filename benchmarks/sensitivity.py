@@ -35,10 +35,10 @@ host I/O rate.
 
 Cycle counts are the same on every machine and thread count (one thread unless ``--threads N``).
 Lowering dominates: 1.5-4 minutes per variant for the pinned model on a shared two-core machine,
-20 minutes for the 9 (1,207 s, one thread). ``--from-json PATH`` prints the table of an earlier
-``--json`` run, and with ``--readme`` writes it, without measuring. ``--layers``, ``--vocab`` and
-``--mesh`` shrink the run for development; the README table comes from the pinned settings only
-(``--readme`` refuses others)::
+20 minutes for the 11 (1,187 s, one thread, beside another benchmark). ``--from-json PATH`` prints
+the table of an earlier ``--json`` run, and with ``--readme`` writes it, without measuring.
+``--layers``, ``--vocab`` and ``--mesh`` shrink the run for development; the README table comes
+from the pinned settings only (``--readme`` refuses others)::
 
     .venv/bin/python benchmarks/sensitivity.py --readme --json out/sensitivity.json   # 20-40 minutes
     .venv/bin/python benchmarks/sensitivity.py --from-json out/sensitivity.json --readme  # seconds
