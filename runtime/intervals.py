@@ -254,20 +254,20 @@ def merges(
     keys, ymin, ymax = held.keys, held.ymin, held.ymax
     if len(keys) == 0:
         return adds
+    # A part passing on its way to the lane adds itself in at every holding row but the ends (the first
+    # row below the lane, the last above it) and the lane's own: each PE counts the outputs it holds,
+    # less those it is an end or the lane of, counted per (column, output) pair, never per PE and output.
     span = s.span.clamp(max=out_f).to(torch.int64)
-    pe = torch.repeat_interleave(torch.arange(width * height), span)  # each (PE, output) held
-    first = torch.cumsum(span, 0) - span
-    o = (s.out_lo.to(torch.int64)[pe] + torch.arange(len(pe)) - first[pe]) % out_f
-    pair = torch.searchsorted(keys, pe % width * out_f + o)
-    y, lane = pe // width, lanes[o]
-    lo, hi = ymin[pair], ymax[pair]
-    own = ((y < lane) & (y > lo)) | ((y > lane) & (y < hi))  # a sum passes it on its way to the lane
-    at_lane = (y == lane).to(torch.int64) * ((lo < lane).to(torch.int64) + (hi > lane).to(torch.int64))
-    adds.index_add_(0, pe, own.to(torch.int64) + at_lane)
+    adds += span
     column, output = keys // out_f, keys % out_f
     lane_k = lanes[output]
-    held_at_lane = torch.zeros(len(keys), dtype=torch.bool)
-    held_at_lane[pair[y == lane]] = True
+    at = lane_k * width + column  # the lane's PE of each pair, in the column
+    offset = (output - s.out_lo.to(torch.int64)[at]) % out_f
+    held_at_lane = offset < span[at]
+    adds.index_add_(0, ymin * width + column, -(ymin < lane_k).to(torch.int64))
+    adds.index_add_(0, ymax * width + column, -(ymax > lane_k).to(torch.int64))
+    meet = (ymin < lane_k).to(torch.int64) + (ymax > lane_k).to(torch.int64)
+    adds.index_add_(0, at, torch.where(held_at_lane, meet - 1, 0))
     sides = ~held_at_lane & (ymin < lane_k) & (ymax > lane_k)  # the two sides meet at a PE holding none
     west = torch.full((out_f,), width, dtype=torch.int64).scatter_reduce(0, output, column, "amin")
     east = column > west[output]  # a sum from the west adds in
