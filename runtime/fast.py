@@ -113,6 +113,11 @@ def _share_host_rows(flows: list[Flow]) -> None:
             flow._shared.clear()
 
 
+_Read = tuple[str, torch.Tensor, tuple]
+"""A value a kernel reads, the feature each of its PEs takes from it, and the key of those PEs among
+the kernel's structures (``FastClock.arrivals``)."""
+
+
 @dataclasses.dataclass
 class _Plan:
     """A value's messages to a kernel's PEs before the column links (``FastClock._plan``): the heads at
@@ -217,32 +222,19 @@ class FastClock:
 
     def arrivals(
         self,
-        value: str,
-        kernel: Kernel,
-        blocks: int,
-        b: int,
-        feats: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        key: tuple = (),
-    ) -> torch.Tensor:
-        """``[blocks, n]``: when feature ``feats[n]`` of each block reaches the PE at ``(x, y)``. ``key``
-        names ``feats``, ``x`` and ``y`` among the kernel's structures (``_kept``)."""
-        return self.arrivals_together([(value, feats, key)], kernel, blocks, b, x, y)[0]
-
-    def arrivals_together(
-        self,
-        reads: list[tuple[str, torch.Tensor, tuple]],
+        reads: list[_Read],
         kernel: Kernel,
         blocks: int,
         b: int,
         x: torch.Tensor,
         y: torch.Tensor,
     ) -> list[torch.Tensor]:
-        """``arrivals`` of several values a kernel reads, ``(value, feats, key)`` each, to the same PEs:
-        their messages that fork up or down the kernel's columns queue on those links together, as the
-        reference's do (two operands of an attention matmul share the column they climb)."""
-        plans = [self._plan(value, kernel, blocks, b, feats, x, y, key) for value, feats, key in reads]
+        """For each value ``kernel`` reads, ``(value, feats, key)``: ``[blocks, n]``, when feature
+        ``feats[n]`` of each block reaches the PE at ``(x, y)``. ``key`` names ``feats``, ``x`` and ``y``
+        among the kernel's structures (``_kept``). The values' messages that fork up or down the kernel's
+        columns queue on those links together, as the reference's do (two operands of an attention
+        matmul share the column they climb)."""
+        plans = [self._plan(read, kernel, blocks, b, x, y) for read in reads]
         queued = [p for p in plans if p.queue is not None]
         if queued:
             done = fifo(
@@ -256,18 +248,11 @@ class FastClock:
         return [self._arrived(p) for p in plans]
 
     def _plan(
-        self,
-        value: str,
-        kernel: Kernel,
-        blocks: int,
-        b: int,
-        feats: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        key: tuple,
+        self, read: _Read, kernel: Kernel, blocks: int, b: int, x: torch.Tensor, y: torch.Tensor
     ) -> _Plan:
-        """A value's messages to ``(x, y)`` up to the column they fork on, and the queue entries of
+        """One read's messages to ``(x, y)`` up to the column they fork on, and the queue entries of
         those that fork (``_Plan``)."""
+        value, feats, key = read
         flow, hop = self.flows[value], self.hw.hop_cycles
         rise, forks, fork_at, k_at, pair, queue = self._kept(  # pair: the fork that queues for a message
             kernel, ("arrivals", flow.features, flow.lanes) + key, lambda: self._forks(flow, feats, x, y)
@@ -426,7 +411,7 @@ class FastClock:
         kind = k.attrs.get("kind")
         conv = kind in ("conv1d", "conv2d")  # im2col columns exist once the whole image has arrived
         feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
-        arr = self.arrivals(value, k, blocks, b, feats, x, y, ("pairs", conv)).clamp_(min=t0)
+        arr = self.arrivals([(value, feats, ("pairs", conv))], k, blocks, b, x, y)[0].clamp_(min=t0)
         live = self._input_live(k)
         sent = None if live is None or conv else blocked(live, b)[:, col]  # None: every message sent
         has = count > 0
@@ -664,7 +649,7 @@ class FastClock:
             fin = torch.clamp(feats * flow.features // max(f, 1), max=flow.features - 1)
             reads.append((value, fin, ("dense",)))
             heard |= self._heard(flow, k, value, blocks, b)[:, fin]
-        for (value, _, _), a in zip(reads, self.arrivals_together(reads, k, blocks, b, px, py)):
+        for (value, _, _), a in zip(reads, self.arrivals(reads, k, blocks, b, px, py)):
             latest[value] = int(a.max())
             arr = torch.maximum(arr, a)
         ops = ops_per_element(self.p, k)
