@@ -232,35 +232,31 @@ def _links(program: ProgramData, timeline: Timeline) -> _Traffic:
     filtered (all-zero messages) with the link hops they would have taken."""
     planes = torch.zeros((4, program.mesh.width, program.mesh.height), dtype=torch.int64)  # E, W, S, N
     sent = filtered = saved = 0
+    east: list[tuple[Flow, int, int]] = []  # each value's messages east along its lanes, columns [a, b)
     for kt in timeline.kernels:
         k = program.kernel(kt.name)
         for value in dict.fromkeys(k.inputs):
             flow = timeline.flows[value]
-            lanes = _per_lane(flow, flow.sends)  # wavelets per lane
-            kept = _per_lane(flow, flow.filtered)
-            sent += int(lanes.sum())
-            filtered += int(kept.sum())
             a = max(flow.east + 1, 0) if program.mode == "pipelined" else 0
-            b = k.region.x + k.region.width - 1
-            if b > a:
-                planes[0, a:b, : flow.lanes] += lanes[None, :]
-                saved += int(kept.sum()) * (b - a)
+            east.append((flow, a, k.region.x + k.region.width - 1))
         if kt.bus is not None:
             south, north = kt.bus
             r = k.region
             planes[2, r.x : r.x + r.width, r.y : r.y + r.height] += south  # [width, height] as the bus
             planes[3, r.x : r.x + r.width, r.y : r.y + r.height] += north
             sent += int(south.sum() + north.sum())
-    for value in dict.fromkeys(program.outputs):  # east from the producer to the mesh's edge
+    for value in dict.fromkeys(program.outputs):  # from the producer to the mesh's edge
         flow = timeline.flows.get(value)
-        if flow is None:
-            continue
-        lanes, kept = _per_lane(flow, flow.sends), _per_lane(flow, flow.filtered)
+        if flow is not None:
+            east.append((flow, max(flow.east + 1, 0), program.mesh.width))
+    for flow, a, b in east:
+        lanes = _per_lane(flow, flow.sends)  # wavelets per lane
+        kept = _per_lane(flow, flow.filtered)
         sent += int(lanes.sum())
         filtered += int(kept.sum())
-        a = max(flow.east + 1, 0)
-        planes[0, a:, : flow.lanes] += lanes[None, :]
-        saved += int(kept.sum()) * (program.mesh.width - a)
+        if b > a:
+            planes[0, a:b, : flow.lanes] += lanes[None, :]
+            saved += int(kept.sum()) * (b - a)
     hops = int(planes.sum())
     grid = planes.permute(2, 1, 0)  # [height, width, direction]: links numbered row by row
     names = ("E", "W", "S", "N")
