@@ -37,7 +37,7 @@ pipelined program streams its values between kernels that run at once, so it kee
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -108,22 +108,26 @@ def _kept(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, dict]]:
             held[cy : cy + len(per), cx] -= per
 
 
-def _steps(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, torch.Tensor, dict]]:
+def _steps(
+    p: ProgramData, own: Mapping[str, torch.Tensor] | None = None
+) -> Iterator[tuple[int, Kernel, torch.Tensor, torch.Tensor, dict]]:
     """``_kept``'s steps, each also with the kernel's own bytes on its region's PEs (``[height, width]``
     of the region, zeros where it keeps none), not added to the mesh-wide ``held``: a copy of the whole
-    mesh per step would cost more than the step on a wafer-sized one."""
+    mesh per step would cost more than the step on a wafer-sized one. ``own``: ``memory.pe_bytes`` of
+    kernels by name, where the caller has them already."""
     for i, k, held, kept in _kept(p):
         r = k.region
-        own = torch.zeros(r.height, r.width, dtype=torch.int64)
+        mine = torch.zeros(r.height, r.width, dtype=torch.int64)
         if r.pes and not k.attrs.get("all_ones"):
-            own = pe_bytes(p, k).view(r.height, r.width)
-        yield i, k, held, own, kept
+            given = own.get(k.name) if own is not None else None
+            mine = (pe_bytes(p, k) if given is None else given).view(r.height, r.width)
+        yield i, k, held, mine, kept
 
 
-def _region_total(held: torch.Tensor, own: torch.Tensor, k: Kernel) -> torch.Tensor:
-    """``[height, width]`` of ``k``'s region: the bytes kept on each of its PEs plus its own."""
+def _in_region(held: torch.Tensor, k: Kernel) -> torch.Tensor:
+    """``[height, width]`` of ``k``'s region: the bytes kept on each of its PEs."""
     r = k.region
-    return held[r.y : r.y + r.height, r.x : r.x + r.width] + own
+    return held[r.y : r.y + r.height, r.x : r.x + r.width]
 
 
 def kept_beside(p: ProgramData) -> dict[str, torch.Tensor]:
@@ -132,9 +136,8 @@ def kept_beside(p: ProgramData) -> dict[str, torch.Tensor]:
     leave room for (``passes/lower/blocks.py`` sizes its rows in flight by it)."""
     out = {}
     for _, k, held, _ in _kept(p):
-        r = k.region
-        here = held[r.y : r.y + r.height, r.x : r.x + r.width]
-        if r.pes and bool(here.any()):
+        here = _in_region(held, k)
+        if k.region.pes and bool(here.any()):
             out[k.name] = here.reshape(-1).clone()
     return out
 
@@ -153,13 +156,13 @@ def held_peak(p: ProgramData) -> HeldPeak | None:
 
 
 def _busiest(held: torch.Tensor, own: torch.Tensor, k: Kernel) -> tuple[int, int, int]:
-    """``(x, y, bytes)`` of the PE holding the most, kept and own, during ``k``'s step (the first in
-    row-major order on ties). Inside the region a PE holds its kept bytes and more, so the busiest PE is
-    outside it only where a kept value alone outweighs the region's busiest."""
+    """``(x, y, bytes)`` of the PE holding the most, kept and own, during ``k``'s step (on ties, the
+    region's first in row-major order). Inside the region a PE holds its kept bytes and more, so the
+    busiest PE is outside it only where a kept value alone outweighs the region's busiest."""
     r, width = k.region, held.shape[1]
     x = y = total = -1
     if r.pes:
-        here = _region_total(held, own, k)
+        here = _in_region(held, k) + own
         ry, rx = divmod(int(torch.argmax(here)), r.width)
         x, y, total = r.x + rx, r.y + ry, int(here[ry, rx])
     top = int(held.max())
@@ -169,13 +172,13 @@ def _busiest(held: torch.Tensor, own: torch.Tensor, k: Kernel) -> tuple[int, int
     return x, y, total
 
 
-def crowded(p: ProgramData) -> list[int]:
+def crowded(p: ProgramData, own: Mapping[str, torch.Tensor] | None = None) -> list[int]:
     """Steps (kernel indices) whose own data and the values kept on their PEs overflow a PE's SRAM:
-    the lowering gives them more columns, which spreads their own data."""
+    the lowering gives them more columns, which spreads their own data. ``own`` as ``_steps``'."""
     return [
         i
-        for i, k, held, own, _ in _steps(p)
-        if k.region.pes and int(_region_total(held, own, k).max()) > p.hardware.sram_bytes
+        for i, k, held, mine, _ in _steps(p, own)
+        if k.region.pes and int((_in_region(held, k) + mine).max()) > p.hardware.sram_bytes
     ]
 
 

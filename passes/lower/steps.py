@@ -189,6 +189,7 @@ class PlaceData:
         p.outputs = list(outputs)
         p.output_spec = walk.output_spec
         grow = []
+        needs = {}  # each kernel's SRAM a PE, for the values-kept check below too
         cache = state.meta.setdefault("placed", {})  # (kernel, width, height) -> arrays, across attempts
         for i, (pend, region) in enumerate(zip(state.pending, regs)):
             k = _kernel(pend, region)
@@ -196,6 +197,7 @@ class PlaceData:
             placed = cache.setdefault((i, region.width, region.height), {})
             _arrays(p, k, pend, state.placement, placed, state.meta["flops"])
             need = pe_bytes(p, k) if k.region.pes else torch.zeros(1)
+            needs[k.name] = need
             k.stats["sram_max"] = int(need.max())
             if k.stats["sram_max"] > state.hardware.sram_bytes:
                 if region.width >= state.mesh.width:
@@ -206,7 +208,7 @@ class PlaceData:
                     )
                 grow.append(i)
         if not grow and state.mode == "streaming":  # values kept between steps share their PEs
-            grow = [i for i in crowded(p) if regs[i].width < state.mesh.width]
+            grow = [i for i in crowded(p, needs) if regs[i].width < state.mesh.width]
         return p, grow
 
 
