@@ -551,16 +551,15 @@ class FastClock:
         if bool(moving.any()):
             seg_m, x_m, o_m = seg_of[moving], held_x[moving], held_o[moving]
             lead = travel[moving] * hw.hop_cycles + to_edge[x_m]
-            # Consecutive pairs of one segment always share a row: work on runs of them, [blocks,
-            # runs], and let each pair add its place in its run.
-            new_run = torch.ones_like(seg_m, dtype=torch.bool)
-            new_run[1:] = seg_m[1:] != seg_m[:-1]
-            starts = new_run.nonzero().squeeze(1)
-            run_of = torch.cumsum(new_run, 0) - 1
-            within = torch.arange(len(seg_m)) - starts[run_of]
-            run_seg = seg_m[starts]
-            earlier = cumcount(group_seg[:, run_seg], torch.diff(starts, append=torch.tensor([len(seg_m)])))
-            bus_run = bus_start.T[:, x_m[starts]]
+            # The sums that leave one row go down or up its column, one message time apart on each
+            # link: pairs queue there by the side of that row their lane is on (2: on the row, no
+            # link), [blocks, moving pairs].
+            row_m = (slowest % h)[:, seg_m]
+            lane_m = pair_lane[moving][None, :]
+            side = torch.where(lane_m == row_m, 2, (lane_m > row_m).to(torch.int64))
+            earlier = cumcount(group_seg[:, seg_m] * 3 + side, torch.ones(len(seg_m), dtype=torch.int64))
+            earlier.masked_fill_(side == 2, 0)
+            bus_m = bus_start.T[:, x_m]
             rank_m, o_m = rank[moving], o_m[None, :]
         offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for q0, q1, w in wave_runs(wave_out, step):  # blocks whose messages have the same wavelets
@@ -570,12 +569,11 @@ class FastClock:
                 ready[q0:q1].scatter_reduce_(1, o_s.expand_as(at), at, "amax")
             if not bool(moving.any()):
                 continue
-            if w not in offsets:  # on the bus after the pairs before; at the lane after its run
-                offsets[w] = ((rank_m * w).add_(lead)[None, :], (within * w).add_(to_edge[x_m])[None, :])
-            on_bus, at_row = offsets[w]
-            at = torch.index_select(bus_run[q0:q1], 1, run_of).add_(on_bus)
-            queued = torch.index_select(earlier[q0:q1] * w, 1, run_of).add_(arrive[:, moving])
-            torch.maximum(at, queued.add_(at_row), out=at)
+            if w not in offsets:  # on the bus after the pairs before
+                offsets[w] = (rank_m * w).add_(lead)[None, :]
+            at = bus_m[q0:q1] + offsets[w]
+            queued = (earlier[q0:q1] * w).add_(arrive[:, moving]).add_(to_edge[x_m][None, :])
+            torch.maximum(at, queued, out=at)
             ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
         # an output is ready once every column holding a part of it has sent it on
         if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
