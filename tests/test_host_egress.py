@@ -83,3 +83,27 @@ def test_the_traffic_counts_the_outputs_way_to_the_host() -> None:
     assert with_out.sent - without.sent == int(flow.sends.sum()) > 0
     assert with_out.hops - without.hops == int(flow.sends.sum()) * (program.mesh.width - flow.east - 1)
     assert any(x > flow.east and d == "E" for x, _, d, _ in with_out.hottest)
+
+
+def test_each_outputs_last_message_is_timed_as_message_by_message() -> None:
+    """``outputs_in_host`` bins messages by arrival (or sorts them, when arrivals are too spread out for
+    bins); on seeded random messages, rates and spreads, both give every output exactly the latest of
+    its messages' ``in_host`` times with all outputs in one queue, in output order on ties."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        rate = [44.1176, 1.0, 2.5, 1000.0, 7.3][trial % 5]
+        spread = [3, 50, 5000, 10**7][trial % 4]  # 10**7 over few messages: the sorting path
+        messages = {}
+        for j in range(1 + trial % 4):
+            n = int(torch.randint(0, 40, (1,), generator=g))
+            heads = torch.randint(0, spread, (n,), generator=g) + 10**6 * (trial % 3)
+            messages[f"out{j}"] = (heads, torch.randint(0, [2, 40, 400][trial % 3], (n,), generator=g))
+        names = [n for n, (h, _) in messages.items() if h.numel()]
+        expected = {n: 0 for n in messages}
+        if names:
+            finish = in_host(
+                torch.cat([messages[n][0] for n in names]), torch.cat([messages[n][1] for n in names]), rate
+            )
+            for n, part in zip(names, finish.split([messages[n][0].numel() for n in names])):
+                expected[n] = int(part.max())
+        assert outputs_in_host(messages, rate) == expected, (trial, rate, spread)
