@@ -516,63 +516,52 @@ class FastClock:
         holders = self._kept(k, ("holders",), lambda: Holders(s, r.width, h))
         pair_lane = lane_rank(lane_bounds(s.out_features, lanes), held_o)[0]
         step = max(1, CHUNK // max(len(held_o), 1))  # blocks at a time: bounded scratch memory
-
-        last: dict[tuple[int, int], torch.Tensor] = {}  # the chunk timed last: the passes below share it
-
-        def reach(q0: int, q1: int) -> torch.Tensor:  # [q1 - q0, pairs]
-            if (q0, q1) not in last:
-                last.clear()
-                last[q0, q1] = holders.reach(finish[:, q0:q1], active, t0, pair_lane, hw.hop_cycles, r.width)
-            return last[q0, q1]
-
-        # The bus starts with the first partial sum that can travel: the earliest a moving pair's sum
-        # could leave its far row and reach the lane in time (a column with none starts with its
-        # first PE done).
-        first_done = in_column = columns.first(finish, t0)
+        in_column = columns.first(finish, t0)
         users = _users(held_x, moving, r.width)
-        if bool(moving.any()):
-            first_done = torch.full_like(first_done, NEVER)
-            leave = (travel[moving] * hw.hop_cycles)[None, :]
-            index = held_x[moving][:, None]
-            for q0 in range(0, blocks, step):
-                q1 = min(q0 + step, blocks)
-                per_pair = (reach(q0, q1)[:, moving] - leave).T  # [moving pairs, blocks]
-                first_done[:, q0:q1].scatter_reduce_(0, index.expand_as(per_pair), per_pair, "amin")
-            first_done = first_done.minimum(torch.where(users[:, None] > 0, NEVER, in_column))
-        bus_start = occupy - per_block + torch.cummax(first_done - (occupy - per_block), 1).values
         before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
         first = torch.cumsum(users, 0) - users
         rank = (before - first[held_x]) * vload[held_x] // users[held_x].clamp(min=1)  # on the busiest link
         east = r.x + r.width - 1
         to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
         ready = torch.full((blocks, s.out_features), t0, dtype=torch.int64)
-        still = ~moving
+        still, any_moving = ~moving, bool(moving.any())
         edge, o_s = to_edge[held_x[still]][None, :], held_o[still][None, :]
-        if bool(moving.any()):
+        if any_moving:
             seg_m, x_m, o_m = seg_of[moving], held_x[moving], held_o[moving]
             lead = travel[moving] * hw.hop_cycles + to_edge[x_m]
-            # The sums that leave one row go down or up its column, one message time apart on each
-            # link: pairs queue there by the side of that row their lane is on (2: on the row, no
-            # link), [blocks, moving pairs].
-            row_m = (slowest % h)[:, seg_m]
-            lane_m = pair_lane[moving][None, :]
-            side = torch.where(lane_m == row_m, 2, (lane_m > row_m).to(torch.int64))
-            earlier = cumcount(group_seg[:, seg_m] * 3 + side, torch.ones(len(seg_m), dtype=torch.int64))
-            earlier.masked_fill_(side == 2, 0)
-            bus_m = bus_start.T[:, x_m]
+            leave = (travel[moving] * hw.hop_cycles)[None, :]
+            lane_m, ones = pair_lane[moving][None, :], torch.ones(len(seg_m), dtype=torch.int64)
+            idle = torch.where(users[:, None] > 0, NEVER, in_column)  # a column none of whose sums move
             rank_m, o_m = rank[moving], o_m[None, :]
-        offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for q0, q1, w in wave_runs(wave_out, step):  # blocks whose messages have the same wavelets
-            arrive = reach(q0, q1)
+        carry = torch.full((r.width, 1), -NEVER, dtype=torch.int64)
+        offsets: dict[int, torch.Tensor] = {}
+        for q0, q1, w in wave_runs(wave_out, step):  # blocks in order, those of a chunk the same wavelets
+            arrive = holders.reach(finish[:, q0:q1], active, t0, pair_lane, hw.hop_cycles, r.width)
             if bool(still.any()):  # no partial sum travels: the sum leaves from where it is
                 at = arrive[:, still] + edge
                 ready[q0:q1].scatter_reduce_(1, o_s.expand_as(at), at, "amax")
-            if not bool(moving.any()):
+            if not any_moving:
                 continue
+            # The bus starts with the first partial sum that can travel: the earliest a moving pair's
+            # sum could leave its far row and reach the lane in time (a column with none starts with
+            # its first PE done); a block's, once the bus is done with the block before.
+            per_pair = (arrive[:, moving] - leave).T  # [moving pairs, blocks]
+            first_done = torch.full((r.width, q1 - q0), NEVER, dtype=torch.int64)
+            first_done.scatter_reduce_(0, x_m[:, None].expand_as(per_pair), per_pair, "amin")
+            ahead = occupy[:, q0:q1] - per_block[:, q0:q1]
+            latest = torch.cummax(torch.minimum(first_done, idle[:, q0:q1]) - ahead, 1).values
+            latest = torch.maximum(latest, carry)
+            carry = latest[:, -1:]
+            # The sums that leave one row go down or up its column, one message time apart on each
+            # link: pairs queue there by the side of that row their lane is on (2: on the row, no
+            # link), [blocks, moving pairs].
+            row_m = (slowest[q0:q1] % h)[:, seg_m]
+            side = torch.where(lane_m == row_m, 2, (lane_m > row_m).to(torch.int64))
+            earlier = cumcount(group_seg[q0:q1, seg_m] * 3 + side, ones).masked_fill_(side == 2, 0)
             if w not in offsets:  # on the bus after the pairs before
                 offsets[w] = (rank_m * w).add_(lead)[None, :]
-            at = bus_m[q0:q1] + offsets[w]
-            queued = (earlier[q0:q1] * w).add_(arrive[:, moving]).add_(to_edge[x_m][None, :])
+            at = (ahead + latest).T[:, x_m].add_(offsets[w])
+            queued = (earlier * w).add_(arrive[:, moving]).add_(to_edge[x_m][None, :])
             torch.maximum(at, queued, out=at)
             ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
         # an output is ready once every column holding a part of it has sent it on
