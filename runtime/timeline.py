@@ -125,12 +125,23 @@ class Flow:
         if t0 not in self._departs:
             if self.waits(t0):
                 self._departs[t0] = self.waiting()[0] + t0
+            elif self.ready.numel() and t0 <= (first := int(self.ready.min())):
+                # nothing is held back by t0: the lanes' queues move with ``ready``, so the departures
+                # counted from the first message serve every moved copy (``reuse.moved``)
+                if "free" not in self._shared:
+                    self._shared["free"] = self._queued(self.ready - first)
+                self._departs[t0] = self._shared["free"] + first
             else:
-                pe = self.lane[None, :].expand(self.blocks, -1).reshape(-1)
-                wave = self.sends.reshape(-1)
-                finish = fifo(pe, self.ready.clamp(min=t0).reshape(-1), wave)
-                self._departs[t0] = (finish - wave).reshape(self.blocks, self.features)
+                self._departs[t0] = self._queued(self.ready.clamp(min=t0))
         return self._departs[t0]
+
+    def _queued(self, ready: torch.Tensor) -> torch.Tensor:
+        """``[blocks, features]``: when each message's head leaves if its lane sends its messages in the
+        order they are ready (ties: block by block, feature by feature), one wavelet a cycle."""
+        pe = self.lane[None, :].expand(self.blocks, -1).reshape(-1)
+        wave = self.sends.reshape(-1)
+        finish = fifo(pe, ready.reshape(-1), wave)
+        return (finish - wave).reshape(self.blocks, self.features)
 
     def waits(self, t0: int) -> bool:
         """Whether every message is ready by ``t0`` (then they leave in closed form, ``waiting``)."""
