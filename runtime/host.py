@@ -54,12 +54,13 @@ def outputs_in_host(messages: dict[str, tuple[torch.Tensor, torch.Tensor]], rate
         return done
     heads = torch.cat([messages[n][0].reshape(-1) for n in names]).to(torch.int64)
     sends = torch.cat([messages[n][1].reshape(-1) for n in names]).to(torch.int64)
-    which = torch.repeat_interleave(torch.tensor([messages[n][0].numel() for n in names]))
+    dev = heads.device  # the host's tensors, made where the messages are (a clock may run elsewhere)
+    which = torch.repeat_interleave(torch.tensor([messages[n][0].numel() for n in names], device=dev))
     lo, hi = (int(v) for v in torch.aminmax(heads))
     if (hi - lo + 1) * len(names) <= max(4 * len(heads), 1 << 22):
         last = _last_in(heads - lo, sends, which, len(names), lo, rate)
     else:  # arrivals too spread out for one bin each: message by message
-        last = torch.zeros(len(names), dtype=torch.int64).scatter_reduce_(
+        last = torch.zeros(len(names), dtype=torch.int64, device=dev).scatter_reduce_(
             0, which, in_host(heads, sends, rate), "amax"
         )
     for n, t in zip(names, last.tolist()):
@@ -74,19 +75,21 @@ def _last_in(
     message, from one bin per (arrival ``at``, output) instead of a sort of the messages. In arrival
     order, ties in output order, the messages of a bin are consecutive: the queue is longest at the
     bin's last message, and its first message's ``arrival - before`` is the bin's largest."""
-    n = len(at)
+    n, dev = len(at), at.device
     key = at * outputs + which
     bins = int(key.max()) + 1
     count = torch.bincount(key, minlength=bins)
     used = count.nonzero().squeeze(1)  # the bins in queue order
-    wave = torch.zeros(bins, dtype=torch.int64).index_add_(0, key, sends)[used]
-    top = torch.zeros(bins, dtype=torch.int64).scatter_reduce_(0, key, sends, "amax")[used]
-    first = torch.full((bins,), n, dtype=torch.int64).scatter_reduce_(0, key, torch.arange(n), "amin")[used]
+    wave = torch.zeros(bins, dtype=torch.int64, device=dev).index_add_(0, key, sends)[used]
+    top = torch.zeros(bins, dtype=torch.int64, device=dev).scatter_reduce_(0, key, sends, "amax")[used]
+    first = torch.full((bins,), n, dtype=torch.int64, device=dev)
+    first = first.scatter_reduce_(0, key, torch.arange(n, device=dev), "amin")[used]
     a = (used // outputs + lo).to(torch.float64)
     upto = torch.cumsum(wave, 0).to(torch.float64)  # wavelets up to each bin's last message
     w0 = sends[first].to(torch.float64)
     before = (upto - wave + w0) / rate - w0 / rate  # as ``in_host`` has it at the bin's first message
     queue = upto / rate + torch.cummax(a - before, 0).values
     done = torch.maximum(torch.ceil(queue - 1e-9).to(torch.int64), (used // outputs + lo) + top)
-    return torch.zeros(outputs, dtype=torch.int64).scatter_reduce_(0, used % outputs, done, "amax")
+    last = torch.zeros(outputs, dtype=torch.int64, device=dev)
+    return last.scatter_reduce_(0, used % outputs, done, "amax")
 
