@@ -528,7 +528,8 @@ class FastClock:
         edge, o_s = to_edge[held_x[still]][None, :], held_o[still][None, :]
         if any_moving:
             seg_m, x_m, o_m = seg_of[moving], held_x[moving], held_o[moving]
-            lead = travel[moving] * hw.hop_cycles + to_edge[x_m]
+            edge_m = to_edge[x_m]
+            lead = travel[moving] * hw.hop_cycles + edge_m
             leave = (travel[moving] * hw.hop_cycles)[None, :]
             lane_m, ones = pair_lane[moving][None, :], torch.ones(len(seg_m), dtype=torch.int64)
             idle = torch.where(users[:, None] > 0, NEVER, in_column)  # a column none of whose sums move
@@ -561,7 +562,7 @@ class FastClock:
             if w not in offsets:  # on the bus after the pairs before
                 offsets[w] = (rank_m * w).add_(lead)[None, :]
             at = (ahead + latest).T[:, x_m].add_(offsets[w])
-            queued = (earlier * w).add_(arrive[:, moving]).add_(to_edge[x_m][None, :])
+            queued = (earlier * w).add_(arrive[:, moving]).add_(edge_m[None, :])
             torch.maximum(at, queued, out=at)
             ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
         # an output is ready once every column holding a part of it has sent it on

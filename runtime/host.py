@@ -35,13 +35,21 @@ def in_host(heads: torch.Tensor, sends: torch.Tensor, rate: float) -> torch.Tens
     order = torch.sort(heads, stable=True).indices
     a, w = heads[order].to(torch.float64), sends[order].to(torch.float64)
     drained = torch.cumsum(w, 0) / rate  # host time of the messages up to and including each
-    before = drained - w / rate
-    # a FIFO that drains at ``rate``: message i leaves at max over k <= i of (a_k + drained_i - before_k)
-    queue = drained + torch.cummax(a - before, 0).values
-    done = torch.maximum(torch.ceil(queue - 1e-9).to(torch.int64), heads[order] + sends[order])
+    done = _drained(a, drained, drained - w / rate, heads[order] + sends[order])
     out = torch.empty_like(done)
     out[order] = done
     return out
+
+
+def _drained(
+    a: torch.Tensor, drained: torch.Tensor, before: torch.Tensor, floor: torch.Tensor
+) -> torch.Tensor:
+    """The host's one FIFO, draining at its rate, over entries in queue order: entry ``i`` (arriving at
+    ``a[i]``, with ``drained[i]`` host cycles of wavelets up to its end and ``before[i]`` up to its
+    start) is out at ``max over k <= i of (a_k + drained_i - before_k)``, rounded up, and no earlier
+    than ``floor[i]`` (its last wavelet off its link)."""
+    queue = drained + torch.cummax(a - before, 0).values
+    return torch.maximum(torch.ceil(queue - 1e-9).to(torch.int64), floor)
 
 
 def outputs_in_host(messages: dict[str, tuple[torch.Tensor, torch.Tensor]], rate: float) -> dict[str, int]:
@@ -84,12 +92,11 @@ def _last_in(
     top = torch.zeros(bins, dtype=torch.int64, device=dev).scatter_reduce_(0, key, sends, "amax")[used]
     first = torch.full((bins,), n, dtype=torch.int64, device=dev)
     first = first.scatter_reduce_(0, key, torch.arange(n, device=dev), "amin")[used]
-    a = (used // outputs + lo).to(torch.float64)
+    head = used // outputs + lo
     upto = torch.cumsum(wave, 0).to(torch.float64)  # wavelets up to each bin's last message
     w0 = sends[first].to(torch.float64)
     before = (upto - wave + w0) / rate - w0 / rate  # as ``in_host`` has it at the bin's first message
-    queue = upto / rate + torch.cummax(a - before, 0).values
-    done = torch.maximum(torch.ceil(queue - 1e-9).to(torch.int64), (used // outputs + lo) + top)
+    done = _drained(head.to(torch.float64), upto / rate, before, head + top)
     last = torch.zeros(outputs, dtype=torch.int64, device=dev)
     return last.scatter_reduce_(0, used % outputs, done, "amax")
 
