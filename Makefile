@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# Pin torch to the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test,fast]"
 	touch $(STAMP)
 
 demo: $(STAMP)

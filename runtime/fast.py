@@ -30,6 +30,7 @@ import torch
 from sparsefx.trees import to_device
 
 from . import reuse
+from .arrivals import arrivals_at
 from .blocking import (
     block_sizes,
     blocked,
@@ -120,10 +121,10 @@ the kernel's structures (``FastClock.arrivals``)."""
 
 @dataclasses.dataclass
 class _Plan:
-    """A value's messages to a kernel's PEs before the column links (``FastClock._plan``): the heads at
-    the column, and the entries of those that fork onto the column's links (``queue``, one link id per
-    entry; None when none fork), with where their queued starts go back (``q_at``, ``k_at``,
-    ``fork_at``)."""
+    """A value's messages to a kernel's PEs before the column links (``FastClock._plan``): when they
+    leave and their hops to the column, and the entries of those that fork onto the column's links
+    (``queue``, one link id per entry; None when none fork), with where their queued starts go back
+    (``q_at``, ``k_at``, ``fork_at``; ``fork_head``, once queued: the heads of those that fork)."""
 
     flow: Flow
     feats: torch.Tensor
@@ -131,13 +132,13 @@ class _Plan:
     depart: torch.Tensor
     hops: torch.Tensor
     climb: torch.Tensor
-    head: torch.Tensor
     queue: torch.Tensor | None = None
     at_column: torch.Tensor | None = None
     cost: torch.Tensor | None = None
     q_at: torch.Tensor | None = None
     k_at: torch.Tensor | None = None
     fork_at: torch.Tensor | None = None
+    fork_head: torch.Tensor | None = None
 
 
 class FastClock:
@@ -244,7 +245,7 @@ class FastClock:
             )
             for p, d in zip(queued, torch.split(done, [p.cost.numel() for p in queued])):
                 start = d.reshape(p.cost.shape) - p.cost
-                p.head[:, p.fork_at] = start[p.q_at[:, None], p.k_at[None, :]]
+                p.fork_head = start[p.q_at[:, None], p.k_at[None, :]]
         return [self._arrived(p) for p in plans]
 
     def _plan(
@@ -259,15 +260,14 @@ class FastClock:
         )
         q = self._source_blocks(flow, kernel, value, blocks, b)
         depart = flow.depart(self.t0 if self.streaming else 0)
-        hops = (self._hops(flow, x) * hop)[None, :]
-        head = depart[q][:, feats].add_(hops)  # at (x, lane row)
-        plan = _Plan(flow, feats, q, depart, hops, (rise.abs() * hop)[None, :], head)
+        hops = self._hops(flow, x) * hop  # to (x, lane row)
+        plan = _Plan(flow, feats, q, depart, hops, rise.abs() * hop)
         if forks:  # up or down the column: queued on the busiest link the message crosses
             qs, q_at = torch.unique(q, return_inverse=True)
             if len(qs) == 1:  # it reads the whole value: every block of it crosses the column
                 qs, q_at = torch.arange(int(qs[0]) + 1), q
             sent = feats[pair]
-            plan.at_column = depart[qs][:, sent].add_(hops[:, pair])  # [source blocks, messages on a column]
+            plan.at_column = depart[qs][:, sent].add_(hops[None, pair])  # [source blocks, column messages]
             plan.cost = flow.sends[qs][:, sent]  # a filtered message (0 wavelets) does not queue
             plan.queue = queue[None, :].expand_as(plan.at_column).reshape(-1)
             plan.q_at, plan.k_at, plan.fork_at = q_at, k_at, fork_at
@@ -277,13 +277,15 @@ class FastClock:
     def _arrived(plan: _Plan) -> torch.Tensor:
         """When each planned message's last wavelet reaches its PE (a filtered one: its lane's mark)."""
         flow, q, feats = plan.flow, plan.q, plan.feats
-        arrived = plan.head.add_(plan.climb).add_(flow.sends[q][:, feats])
-        if flow.live is None:
-            return arrived
-        # a filtered message: its reader knows it is all zero when its lane's end-of-block mark arrives
-        last = flow.last[feats]
-        mark = plan.depart[q][:, last].add_(plan.hops).add_(plan.climb).add_(flow.sends[q][:, last])
-        return torch.where(flow.live[q][:, feats], arrived, mark)
+        arrived = arrivals_at(plan.depart, flow.sends, flow.live, q, feats, plan.hops, plan.climb, flow.last)
+        if plan.fork_head is not None:  # the messages that forked onto a column link left it when queued
+            at = plan.fork_at
+            fed = feats[at]
+            moved = plan.fork_head.add_(plan.climb[None, at]).add_(flow.sends[q][:, fed])
+            if flow.live is not None:  # a filtered one still arrives with its lane's mark
+                moved = torch.where(flow.live[q][:, fed], moved, arrived[:, at])
+            arrived[:, at] = moved
+        return arrived
 
     def _forks(self, flow: Flow, feats: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple:
         """How messages reach their PEs, whatever their times: each PE's rows from the lane (``rise``);

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from . import compiled
+
 __all__ = ["fifo", "queues", "BIG", "CHUNK"]
 
 BIG = 1 << 44
@@ -31,9 +33,12 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
     if pe.numel() == 0:
         return torch.zeros(0, dtype=torch.int64)
     pe, arrival, cost = pe.to(torch.int64), arrival.to(torch.int64), cost.to(torch.int64)
+    p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
+    small = p_hi - p_lo < 4 * len(pe) + (1 << 20)  # the compiled loop counts tasks per PE id
+    if small and compiled.available(pe, arrival, cost) and compiled.fits(pe, arrival):
+        return compiled.fifo(pe, arrival, cost)
     finish = torch.empty_like(arrival)
     a_lo, a_hi = (int(v) for v in torch.aminmax(arrival))
-    p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
     if p_lo >= 0 and p_hi < 1 << _PE_BITS:
         # One sort of keys from each PE's own base (``queues`` explains it), arrivals counted from the
         # first; the base comes off at the end.
@@ -86,6 +91,8 @@ def queues(
     Sorts of ``(PE, arrival)`` keys over every ``(q, n)``, whole PEs at a time: a missing task is given
     arrival 0, so it sorts first on its PE and never holds the PE up.
     """
+    if compiled.available(pe, arr, cost) and compiled.fits(pe, arr, arr.shape[0]):
+        return compiled.queues(pe, arr, cost, pes)
     blocks, pairs = arr.shape
     busy = torch.zeros(pes, dtype=torch.int64).index_add_(0, pe, cost.sum(0))
     if arr.numel() == 0:

@@ -1,0 +1,216 @@
+"""The fast clock's task queues as compiled loops, where numba is installed (the ``fast`` extra).
+
+``queues.queues`` and ``queues.fifo`` in tensor form sort every task, then take running totals: a
+dozen passes over a few hundred thousand entries per kernel. A loop over each PE's tasks, kept in
+order as they are gathered (an insertion sort, since later blocks mostly arrive later; a plain sort
+once that stops paying), does the same work in one pass and gives the same finishes, tie rules
+included. ``available`` says whether the loops run: numba installed, ``SPARSEFX_NUMBA`` not ``0``,
+and the tensors on the CPU. Without numba the clock keeps its tensor form; ``tests/test_compiled.py``
+checks that both give the same finishes.
+
+numba is imported, and each loop compiled (about a second), on first use; numba caches the
+machine code for later processes.
+
+    >>> import torch
+    >>> pe = torch.tensor([0, 0, 1])  # PE 0 holds pairs 0 and 1; cost 0 is no task
+    >>> arr, cost = torch.tensor([[5, 0, 2], [9, 1, 4]]), torch.tensor([[3, 3, 1], [3, 0, 1]])
+    >>> [t.tolist() for t in queues(pe, arr, cost, 2)] if available(arr) else [[[8, 12], [3, 5]], [9, 2]]
+    [[[8, 12], [3, 5]], [9, 2]]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import torch
+
+__all__ = ["arrivals_at", "available", "fifo", "fits", "queues"]
+
+_HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+_KEY_BITS = 62
+
+
+def available(*tensors: torch.Tensor) -> bool:
+    """Whether the compiled loops run for ``tensors``: numba installed and allowed, tensors on the CPU."""
+    return (
+        _HAVE_NUMBA
+        and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
+        and all(t.device.type == "cpu" for t in tensors)
+    )
+
+
+def fits(group: torch.Tensor, arrival: torch.Tensor, per_task: int = 1) -> bool:
+    """Whether sort keys (arrival, then place among a group's tasks) fit in 62 bits: arrivals' range
+    times the largest group's tasks, ``per_task`` entries of ``arrival`` per entry of ``group``."""
+    if arrival.numel() == 0:
+        return True
+    lo, hi = (int(v) for v in torch.aminmax(arrival))
+    most = int(torch.bincount(group - group.min()).max()) * per_task
+    return (hi - lo + 1) * most < 1 << _KEY_BITS
+
+
+def queues(
+    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``queues.queues`` in one compiled pass: ``[pes, blocks]`` each PE's last finish per block (0 where
+    it has no task of the block) and each PE's busy cycles. ``pe`` is non-decreasing (pairs PE by PE);
+    check ``fits(pe, arr, blocks)`` first."""
+    blocks = arr.shape[0]
+    best = np.zeros((pes, blocks), np.int64)
+    busy = np.zeros(pes, np.int64)
+    if arr.numel():
+        _loops()["queues"](_np(pe), _np(arr), _np(cost), best, busy, int(arr.min()))
+    return torch.from_numpy(best), torch.from_numpy(busy)
+
+
+def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+    """``queues.fifo`` compiled: each task's finish when every PE runs its tasks one at a time in arrival
+    order, ties in the given order. Check ``fits(pe, arrival)`` first."""
+    finish = np.empty(len(pe), np.int64)
+    if len(pe):
+        p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
+        lo = int(arrival.min())
+        _loops()["fifo"](_np(pe), _np(arrival), _np(cost), finish, p_lo, p_hi - p_lo + 1, lo)
+    return torch.from_numpy(finish)
+
+
+def arrivals_at(
+    depart: torch.Tensor,
+    sends: torch.Tensor,
+    live: torch.Tensor | None,
+    q: torch.Tensor,
+    feats: torch.Tensor,
+    hops: torch.Tensor,
+    climb: torch.Tensor,
+    last: torch.Tensor,
+) -> torch.Tensor:
+    """``arrivals.arrivals_at`` in one compiled pass over the ``[len(q), len(feats)]`` messages."""
+    out = np.empty((len(q), len(feats)), np.int64)
+    flags = np.ones((1, 1), np.bool_) if live is None else live.contiguous().numpy()
+    ints = (_np(q), _np(feats), _np(hops), _np(climb), _np(last))
+    _loops()["arrivals_at"](_np(depart), _np(sends), flags, live is not None, *ints, out)
+    return torch.from_numpy(out)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.to(torch.int64).contiguous().numpy()
+
+
+_LOOPS: dict[str, object] = {}
+
+
+def _loops() -> dict[str, object]:
+    """The loops, compiled on first use (so that importing the runtime never imports numba)."""
+    if not _LOOPS:
+        import numba
+
+        jit = numba.njit(cache=True, nogil=True)
+        global _push, _sort_tail  # the loops below call the compiled helpers
+        _push, _sort_tail = jit(_push), jit(_sort_tail)
+        _LOOPS.update(queues=jit(_queues_loop), fifo=jit(_fifo_loop), arrivals_at=jit(_arrivals_loop))
+    return _LOOPS
+
+
+# -- the loops (plain Python until ``_loops`` compiles them) -------------------------------------------
+
+_INSERTION_BUDGET = 8  # shifts per key before the insertion sort gives way to one plain sort
+
+
+def _push(keys, k, key, shifts):  # pragma: no cover - runs compiled
+    """Put ``key`` into ``keys[:k]``: in order while ``shifts`` (the work so far) is within budget,
+    else at the end. Returns the new shift count; past the budget, ``_sort_tail`` sorts."""
+    j = k
+    if shifts <= _INSERTION_BUDGET * (k + 1):
+        while j > 0 and keys[j - 1] > key:
+            keys[j] = keys[j - 1]
+            j -= 1
+            shifts += 1
+    else:
+        shifts = _INSERTION_BUDGET * (k + 2) + 1  # stays past the budget for the rest of the group
+    keys[j] = key
+    return shifts
+
+
+def _sort_tail(keys, k, shifts):  # pragma: no cover - runs compiled
+    """Sort ``keys[:k]`` if ``_push`` gave up keeping them in order."""
+    if shifts > _INSERTION_BUDGET * (k + 1):
+        keys[:k] = np.sort(keys[:k])
+
+
+def _queues_loop(pe, arr, cost, best, busy, lo):  # pragma: no cover - runs compiled
+    blocks, pairs = arr.shape
+    most, n0 = 0, 0
+    while n0 < pairs:  # the most pairs on one PE: the size of the scratch keys
+        n1 = n0
+        while n1 < pairs and pe[n1] == pe[n0]:
+            n1 += 1
+        most = max(most, n1 - n0)
+        n0 = n1
+    keys = np.empty(blocks * most, np.int64)
+    n0 = 0
+    while n0 < pairs:
+        p, n1 = pe[n0], n0
+        while n1 < pairs and pe[n1] == p:
+            n1 += 1
+        m = n1 - n0
+        span = blocks * m
+        k, shifts = 0, 0
+        for q in range(blocks):  # key: arrival, then block, then pair (the tie rule)
+            for n in range(n0, n1):
+                if cost[q, n] > 0:
+                    shifts = _push(keys, k, (arr[q, n] - lo) * span + q * m + n - n0, shifts)
+                    k += 1
+        _sort_tail(keys, k, shifts)
+        t, total = np.int64(0), np.int64(0)
+        for j in range(k):
+            i = keys[j] % span
+            q = i // m
+            n = n0 + i - q * m
+            c = cost[q, n]
+            t = max(t, arr[q, n]) + c
+            total += c
+            best[p, q] = max(best[p, q], t)
+        busy[p] += total
+        n0 = n1
+
+
+def _fifo_loop(pe, arrival, cost, finish, p_lo, groups, lo):  # pragma: no cover - runs compiled
+    n = len(pe)
+    start = np.zeros(groups + 1, np.int64)
+    for i in range(n):
+        start[pe[i] - p_lo + 1] += 1
+    most = 0
+    for g in range(groups):
+        most = max(most, start[g + 1])
+        start[g + 1] += start[g]
+    order = np.empty(n, np.int64)  # tasks PE by PE, in the given order within a PE
+    fill = start[:-1].copy()
+    for i in range(n):
+        g = pe[i] - p_lo
+        order[fill[g]] = i
+        fill[g] += 1
+    keys = np.empty(most, np.int64)
+    for g in range(groups):
+        s, m = start[g], start[g + 1] - start[g]
+        k, shifts = 0, 0
+        for j in range(m):  # key: arrival, then place in the given order (the tie rule)
+            shifts = _push(keys, k, (arrival[order[s + j]] - lo) * m + j, shifts)
+            k += 1
+        _sort_tail(keys, k, shifts)
+        t = np.int64(-(1 << 62))
+        for j in range(k):
+            i = order[s + keys[j] % m]
+            t = max(t, arrival[i]) + cost[i]
+            finish[i] = t
+
+
+def _arrivals_loop(depart, sends, live, filtered, q, feats, hops, climb, last, out):  # pragma: no cover
+    for i in range(len(q)):
+        d, w = depart[q[i]], sends[q[i]]
+        for n in range(len(feats)):
+            f = feats[n]
+            if filtered and not live[q[i], f]:
+                f = last[f]  # the lane's end-of-block mark
+            out[i, n] = d[f] + hops[n] + climb[n] + w[f]
