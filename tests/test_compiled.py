@@ -56,3 +56,48 @@ def test_keys_that_do_not_fit_take_the_tensor_form() -> None:
     arrival = torch.tensor([0, 1 << 61, 5, 3])
     assert not compiled.fits(pe, arrival)
     assert q.fifo(pe, arrival, torch.ones(4, dtype=torch.int64)).tolist() == [1, (1 << 61) + 1, 6, 4]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_arrivals_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparsefx.runtime.arrivals import arrivals_at
+
+    g = torch.Generator().manual_seed(seed)
+    blocks, features, lanes = (int(torch.randint(1, n, (1,), generator=g)) for n in (6, 300, 9))
+    depart = torch.randint(0, 10**5, (blocks, features), generator=g)
+    sends = torch.randint(0, 9, (blocks, features), generator=g)
+    live = None if seed % 3 == 0 else torch.rand(blocks, features, generator=g) > 0.4
+    ends = torch.sort(torch.randint(1, features + 1, (lanes,), generator=g)).values
+    last = torch.searchsorted(ends, torch.arange(features), right=True).clamp(max=lanes - 1)
+    last = torch.maximum(ends[last] - 1, torch.arange(features))  # each feature's lane's last feature
+    q = torch.randint(0, blocks, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g)
+    pairs = int(torch.randint(1, 2000, (1,), generator=g))
+    feats = torch.randint(0, features, (pairs,), generator=g)
+    hops, climb = torch.randint(0, 60, (pairs,), generator=g), torch.randint(0, 60, (pairs,), generator=g)
+    args = (depart, sends, live, q, feats, hops, climb, last)
+    assert torch.equal(arrivals_at(*args), _tensor_form(monkeypatch, arrivals_at, *args))
+
+
+CLOCKED = [("mlp", "8x8", "streaming"), ("gpt-tiny", "64x64", "pipelined")]
+
+
+@pytest.mark.parametrize(("name", "mesh", "mode"), CLOCKED)
+def test_the_clock_times_alike_with_and_without_the_loops(
+    name: str, mesh: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sparsefx
+    from sparsefx.models import build_model
+
+    spec = build_model(name)
+    sm = sparsefx.compile(spec.model, {"sparsity": 0.9}, spec.args)
+    program = sparsefx.lower(sm, spec.args, mesh=mesh, mode=mode, placement="block")
+    g = torch.Generator().manual_seed(1)
+    args = tuple(
+        torch.relu(torch.randn(a.shape, generator=g))  # ReLU zeros: filtered messages
+        if a.is_floating_point()
+        else torch.randint(0, int(a.max()) + 1, a.shape, generator=g)
+        for a in spec.args
+    )
+    stats = sparsefx.run(program, args).stats.to_json()
+    monkeypatch.setenv("SPARSEFX_NUMBA", "0")
+    assert sparsefx.run(program, args).stats.to_json() == stats
