@@ -1,12 +1,13 @@
-"""The fast clock's task queues as compiled loops, where numba is installed (the ``fast`` extra).
+"""The fast clock's task queues and message arrivals as compiled loops, where numba is installed
+(the ``fast`` extra).
 
-``queues.queues`` and ``queues.fifo`` in tensor form sort every task, then take running totals: a
+In tensor form, ``queues.finishes`` and ``queues.fifo`` sort every task, then take running totals: a
 dozen passes over a few hundred thousand entries per kernel. A loop over each PE's tasks, kept in
-order as they are gathered (an insertion sort, since later blocks mostly arrive later; a plain sort
+order as they are gathered (an insertion sort, since later blocks mostly arrive later; one plain sort
 once that stops paying), does the same work in one pass and gives the same finishes, tie rules
-included. ``available`` says whether the loops run: numba installed, ``SPARSEFX_NUMBA`` not ``0``,
-and the tensors on the CPU. Without numba the clock keeps its tensor form; ``tests/test_compiled.py``
-checks that both give the same finishes.
+included; ``arrivals.arrivals_at`` is one pass instead of seven. ``available`` says whether the
+loops run: numba installed, ``SPARSEFX_NUMBA`` not ``0``, and the tensors on the CPU. Without numba
+the clock keeps its tensor form; ``tests/test_compiled.py`` checks that both give the same times.
 
 numba is imported, and each loop compiled (about a second), on first use; numba caches the
 machine code for later processes.
@@ -14,7 +15,8 @@ machine code for later processes.
     >>> import torch
     >>> pe = torch.tensor([0, 0, 1])  # PE 0 holds pairs 0 and 1; cost 0 is no task
     >>> arr, cost = torch.tensor([[5, 0, 2], [9, 1, 4]]), torch.tensor([[3, 3, 1], [3, 0, 1]])
-    >>> [t.tolist() for t in queues(pe, arr, cost, 2)] if available(arr) else [[[8, 12], [3, 5]], [9, 2]]
+    >>> done = finishes(pe, arr, cost, 2, 0) if available(arr) else None
+    >>> [[[8, 12], [3, 5]], [9, 2]] if done is None else [t.tolist() for t in done]
     [[[8, 12], [3, 5]], [9, 2]]
 """
 
@@ -26,10 +28,10 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["arrivals_at", "available", "fifo", "fits", "queues"]
+__all__ = ["arrivals_at", "available", "fifo", "finishes"]
 
 _HAVE_NUMBA = importlib.util.find_spec("numba") is not None
-_KEY_BITS = 62
+_KEY_TOP = 1 << 62  # sort keys stay below this
 
 
 def available(*tensors: torch.Tensor) -> bool:
@@ -41,38 +43,31 @@ def available(*tensors: torch.Tensor) -> bool:
     )
 
 
-def fits(group: torch.Tensor, arrival: torch.Tensor, per_task: int = 1) -> bool:
-    """Whether sort keys (arrival, then place among a group's tasks) fit in 62 bits: arrivals' range
-    times the largest group's tasks, ``per_task`` entries of ``arrival`` per entry of ``group``."""
-    if arrival.numel() == 0:
-        return True
-    lo, hi = (int(v) for v in torch.aminmax(arrival))
-    most = int(torch.bincount(group - group.min()).max()) * per_task
-    return (hi - lo + 1) * most < 1 << _KEY_BITS
-
-
-def queues(
-    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``queues.queues`` in one compiled pass: ``[pes, blocks]`` each PE's last finish per block (0 where
-    it has no task of the block) and each PE's busy cycles. ``pe`` is non-decreasing (pairs PE by PE);
-    check ``fits(pe, arr, blocks)`` first."""
+def finishes(
+    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int, t0: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``queues.finishes`` in one compiled pass: ``[pes, blocks]`` when each PE is done with each block,
+    and each PE's busy cycles; ``pe`` is non-decreasing (pairs PE by PE). None when the sort keys
+    (arrival, block, pair) would not fit in 62 bits."""
     blocks = arr.shape[0]
-    best = np.zeros((pes, blocks), np.int64)
+    finish = np.full((pes, blocks), t0, np.int64)
     busy = np.zeros(pes, np.int64)
-    if arr.numel():
-        _loops()["queues"](_np(pe), _np(arr), _np(cost), best, busy, int(arr.min()))
-    return torch.from_numpy(best), torch.from_numpy(busy)
+    if arr.numel() and not _loops()["finishes"](_np(pe), _np(arr), _np(cost), finish, busy):
+        return None
+    return torch.from_numpy(finish), torch.from_numpy(busy)
 
 
-def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor | None:
     """``queues.fifo`` compiled: each task's finish when every PE runs its tasks one at a time in arrival
-    order, ties in the given order. Check ``fits(pe, arrival)`` first."""
+    order, ties in the given order. None when the PE ids spread too far for a count per id, or the
+    sort keys (arrival, place on the PE) would not fit in 62 bits."""
     finish = np.empty(len(pe), np.int64)
     if len(pe):
         p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
-        lo = int(arrival.min())
-        _loops()["fifo"](_np(pe), _np(arrival), _np(cost), finish, p_lo, p_hi - p_lo + 1, lo)
+        if p_hi - p_lo >= 4 * len(pe) + (1 << 20):
+            return None
+        if not _loops()["fifo"](_np(pe), _np(arrival), _np(cost), finish, p_lo, p_hi - p_lo + 1):
+            return None
     return torch.from_numpy(finish)
 
 
@@ -109,7 +104,7 @@ def _loops() -> dict[str, object]:
         jit = numba.njit(cache=True, nogil=True)
         global _push, _sort_tail  # the loops below call the compiled helpers
         _push, _sort_tail = jit(_push), jit(_sort_tail)
-        _LOOPS.update(queues=jit(_queues_loop), fifo=jit(_fifo_loop), arrivals_at=jit(_arrivals_loop))
+        _LOOPS.update(finishes=jit(_finishes_loop), fifo=jit(_fifo_loop), arrivals_at=jit(_arrivals_loop))
     return _LOOPS
 
 
@@ -139,8 +134,12 @@ def _sort_tail(keys, k, shifts):  # pragma: no cover - runs compiled
         keys[:k] = np.sort(keys[:k])
 
 
-def _queues_loop(pe, arr, cost, best, busy, lo):  # pragma: no cover - runs compiled
+def _finishes_loop(pe, arr, cost, finish, busy):  # pragma: no cover - runs compiled
     blocks, pairs = arr.shape
+    lo, hi = arr[0, 0], arr[0, 0]
+    for q in range(blocks):
+        for n in range(pairs):
+            lo, hi = min(lo, arr[q, n]), max(hi, arr[q, n])
     most, n0 = 0, 0
     while n0 < pairs:  # the most pairs on one PE: the size of the scratch keys
         n1 = n0
@@ -148,6 +147,8 @@ def _queues_loop(pe, arr, cost, best, busy, lo):  # pragma: no cover - runs comp
             n1 += 1
         most = max(most, n1 - n0)
         n0 = n1
+    if (hi - lo + 1) >= _KEY_TOP // (blocks * most):
+        return False
     keys = np.empty(blocks * most, np.int64)
     n0 = 0
     while n0 < pairs:
@@ -159,11 +160,12 @@ def _queues_loop(pe, arr, cost, best, busy, lo):  # pragma: no cover - runs comp
         k, shifts = 0, 0
         for q in range(blocks):  # key: arrival, then block, then pair (the tie rule)
             for n in range(n0, n1):
+                finish[p, q] = max(finish[p, q], arr[q, n])  # every message of its columns has come
                 if cost[q, n] > 0:
                     shifts = _push(keys, k, (arr[q, n] - lo) * span + q * m + n - n0, shifts)
                     k += 1
         _sort_tail(keys, k, shifts)
-        t, total = np.int64(0), np.int64(0)
+        t, total = lo, np.int64(0)
         for j in range(k):
             i = keys[j] % span
             q = i // m
@@ -171,13 +173,19 @@ def _queues_loop(pe, arr, cost, best, busy, lo):  # pragma: no cover - runs comp
             c = cost[q, n]
             t = max(t, arr[q, n]) + c
             total += c
-            best[p, q] = max(best[p, q], t)
+            finish[p, q] = max(finish[p, q], t)
         busy[p] += total
+        for q in range(1, blocks):  # done with a block once done with the one before
+            finish[p, q] = max(finish[p, q], finish[p, q - 1])
         n0 = n1
+    return True
 
 
-def _fifo_loop(pe, arrival, cost, finish, p_lo, groups, lo):  # pragma: no cover - runs compiled
+def _fifo_loop(pe, arrival, cost, finish, p_lo, groups):  # pragma: no cover - runs compiled
     n = len(pe)
+    lo, hi = arrival[0], arrival[0]
+    for i in range(n):
+        lo, hi = min(lo, arrival[i]), max(hi, arrival[i])
     start = np.zeros(groups + 1, np.int64)
     for i in range(n):
         start[pe[i] - p_lo + 1] += 1
@@ -185,6 +193,8 @@ def _fifo_loop(pe, arrival, cost, finish, p_lo, groups, lo):  # pragma: no cover
     for g in range(groups):
         most = max(most, start[g + 1])
         start[g + 1] += start[g]
+    if (hi - lo + 1) >= _KEY_TOP // most:
+        return False
     order = np.empty(n, np.int64)  # tasks PE by PE, in the given order within a PE
     fill = start[:-1].copy()
     for i in range(n):
@@ -204,6 +214,7 @@ def _fifo_loop(pe, arrival, cost, finish, p_lo, groups, lo):  # pragma: no cover
             i = order[s + keys[j] % m]
             t = max(t, arrival[i]) + cost[i]
             finish[i] = t
+    return True
 
 
 def _arrivals_loop(depart, sends, live, filtered, q, feats, hops, climb, last, out):  # pragma: no cover

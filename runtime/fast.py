@@ -63,7 +63,7 @@ from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
 from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
-from .queues import CHUNK, fifo, queues
+from .queues import CHUNK, fifo, finishes
 from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["FastClock", "simulate"]
@@ -423,13 +423,8 @@ class FastClock:
         cost = torch.where(work, each[size_of], 0)  # [blocks, pairs]; 0: no task
         # PEs without a pair are done with every block at t0: only the active ones are timed
         active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
-        best, busy_active = queues(at, arr, cost, len(active))
+        finish, busy_active = finishes(at, arr, cost, len(active), t0)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_put_((active,), busy_active)
-        barrier = torch.full((blocks, len(active)), t0, dtype=torch.int64).scatter_reduce(
-            1, at[None, :].expand_as(arr), arr, "amax"
-        )  # a PE's block is done once every message of its columns has come
-        finish = torch.maximum(best.reshape(len(active), blocks), barrier.T)
-        finish = torch.cummax(finish, dim=1).values
         # a block in which no PE ran a task has only zero partial sums: none is sent (zero wavelets)
         summed = torch.where(work.any(1), wave_out, 0) if sent is not None else wave_out
         south, north, ready = self._reduce(k, s, finish, active, summed, t0)

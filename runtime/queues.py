@@ -17,7 +17,7 @@ import torch
 
 from . import compiled
 
-__all__ = ["fifo", "queues", "BIG", "CHUNK"]
+__all__ = ["fifo", "finishes", "queues", "BIG", "CHUNK"]
 
 BIG = 1 << 44
 CHUNK = 1 << 21  # entries of one scratch tensor
@@ -33,10 +33,9 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
     if pe.numel() == 0:
         return torch.zeros(0, dtype=torch.int64)
     pe, arrival, cost = pe.to(torch.int64), arrival.to(torch.int64), cost.to(torch.int64)
+    if compiled.available(pe, arrival, cost) and (got := compiled.fifo(pe, arrival, cost)) is not None:
+        return got
     p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
-    small = p_hi - p_lo < 4 * len(pe) + (1 << 20)  # the compiled loop counts tasks per PE id
-    if small and compiled.available(pe, arrival, cost) and compiled.fits(pe, arrival):
-        return compiled.fifo(pe, arrival, cost)
     finish = torch.empty_like(arrival)
     a_lo, a_hi = (int(v) for v in torch.aminmax(arrival))
     if p_lo >= 0 and p_hi < 1 << _PE_BITS:
@@ -91,8 +90,6 @@ def queues(
     Sorts of ``(PE, arrival)`` keys over every ``(q, n)``, whole PEs at a time: a missing task is given
     arrival 0, so it sorts first on its PE and never holds the PE up.
     """
-    if compiled.available(pe, arr, cost) and compiled.fits(pe, arr, arr.shape[0]):
-        return compiled.queues(pe, arr, cost, pes)
     blocks, pairs = arr.shape
     busy = torch.zeros(pes, dtype=torch.int64).index_add_(0, pe, cost.sum(0))
     if arr.numel() == 0:
@@ -124,6 +121,29 @@ def queues(
         best.scatter_reduce_(0, slot[:, n0:n1].reshape(-1)[order], finish, "amax")
     best = best.reshape(pes, blocks).sub_(base[:, None])  # > 0 where a PE has tasks of a block
     return torch.where(best > 0, best + a_lo, 0), busy
+
+
+def finishes(
+    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int, t0: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[pes, blocks]``: when each PE is done with each block of a sparse matmul, and each PE's busy
+    cycles. A PE is done with block ``q`` once its tasks of ``q`` have run (``queues``), every message
+    of its columns in ``q`` has come (tasks or not: it cannot know a column is empty before its
+    message), it is done with ``q - 1``, and not before ``t0``.
+
+        >>> pe = torch.tensor([0, 0])
+        >>> arr, cost = torch.tensor([[1, 6], [2, 3]]), torch.tensor([[4, 0], [0, 0]])
+        >>> [t.tolist() for t in finishes(pe, arr, cost, 1, 0)]
+        [[[6, 6]], [4]]
+    """
+    if compiled.available(pe, arr, cost):
+        got = compiled.finishes(pe, arr, cost, pes, t0)
+        if got is not None:
+            return got
+    best, busy = queues(pe, arr, cost, pes)
+    barrier = torch.full((arr.shape[0], pes), t0, dtype=torch.int64)
+    barrier.scatter_reduce_(1, pe[None, :].expand_as(arr), arr, "amax")
+    return torch.cummax(torch.maximum(best, barrier.T), dim=1).values, busy
 
 
 def _queues_slow(pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int) -> torch.Tensor:

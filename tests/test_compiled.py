@@ -34,7 +34,7 @@ def test_fifo_matches_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_queues_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finishes_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(seed)
     blocks = int(torch.randint(1, 12, (1,), generator=g))
     pairs = int(torch.randint(1, 4000, (1,), generator=g))
@@ -45,16 +45,17 @@ def test_queues_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch
     if seed % 2:  # later blocks arrive later, as they do on the mesh
         arr += torch.arange(blocks)[:, None] * spread
     cost = torch.randint(1, 20, (blocks, pairs), generator=g) * (torch.rand(blocks, pairs, generator=g) > 0.3)
-    assert compiled.available(arr) and compiled.fits(pe, arr, blocks)
-    best, busy = q.queues(pe, arr, cost, pes)
-    want_best, want_busy = _tensor_form(monkeypatch, q.queues, pe, arr, cost, pes)
-    assert torch.equal(best, want_best) and torch.equal(busy, want_busy)
+    t0 = [0, spread // 2][seed % 2]
+    assert compiled.finishes(pe, arr, cost, pes, t0) is not None
+    finish, busy = q.finishes(pe, arr, cost, pes, t0)
+    want_finish, want_busy = _tensor_form(monkeypatch, q.finishes, pe, arr, cost, pes, t0)
+    assert torch.equal(finish, want_finish) and torch.equal(busy, want_busy)
 
 
 def test_keys_that_do_not_fit_take_the_tensor_form() -> None:
     pe = torch.zeros(4, dtype=torch.int64)
     arrival = torch.tensor([0, 1 << 61, 5, 3])
-    assert not compiled.fits(pe, arrival)
+    assert compiled.fifo(pe, arrival, torch.ones(4, dtype=torch.int64)) is None
     assert q.fifo(pe, arrival, torch.ones(4, dtype=torch.int64)).tolist() == [1, (1 << 61) + 1, 6, 4]
 
 
