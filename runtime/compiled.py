@@ -15,9 +15,9 @@ machine code for later processes.
     >>> import torch
     >>> pe = torch.tensor([0, 0, 1])  # PE 0 holds pairs 0 and 1; cost 0 is no task
     >>> arr, cost = torch.tensor([[5, 0, 2], [9, 1, 4]]), torch.tensor([[3, 3, 1], [3, 0, 1]])
-    >>> done = finishes(pe, arr, cost, 2, 0) if available(arr) else None
-    >>> [[[8, 12], [3, 5]], [9, 2]] if done is None else [t.tolist() for t in done]
-    [[[8, 12], [3, 5]], [9, 2]]
+    >>> done = finishes(pe, arr, cost, 2, 0, 1 << 62) if available(arr) else None
+    >>> ([[8, 12], [3, 5]], [9, 2], 0) if done is None else (done[0].tolist(), done[1].tolist(), done[2])
+    ([[8, 12], [3, 5]], [9, 2], 0)
 """
 
 from __future__ import annotations
@@ -44,17 +44,19 @@ def available(*tensors: torch.Tensor) -> bool:
 
 
 def finishes(
-    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int, t0: int
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+    pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int, t0: int, never: int
+) -> tuple[torch.Tensor, torch.Tensor, int] | None:
     """``queues.finishes`` in one compiled pass: ``[pes, blocks]`` when each PE is done with each block,
-    and each PE's busy cycles; ``pe`` is non-decreasing (pairs PE by PE). None when the sort keys
-    (arrival, block, pair) would not fit in 62 bits."""
+    each PE's busy cycles, and the first task's arrival (``never`` if none); ``pe`` is
+    non-decreasing (pairs PE by PE). None when the sort keys (arrival, block, pair) would not fit
+    in 62 bits."""
     blocks = arr.shape[0]
     finish = np.full((pes, blocks), t0, np.int64)
     busy = np.zeros(pes, np.int64)
-    if arr.numel() and not _loops()["finishes"](_np(pe), _np(arr), _np(cost), finish, busy):
+    first = np.full(1, never, np.int64)
+    if arr.numel() and not _loops()["finishes"](_np(pe), _np(arr), _np(cost), finish, busy, first):
         return None
-    return torch.from_numpy(finish), torch.from_numpy(busy)
+    return torch.from_numpy(finish), torch.from_numpy(busy), int(first[0])
 
 
 def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor | None:
@@ -102,8 +104,8 @@ def _loops() -> dict[str, object]:
         import numba
 
         jit = numba.njit(cache=True, nogil=True)
-        global _push, _sort_tail  # the loops below call the compiled helpers
-        _push, _sort_tail = jit(_push), jit(_sort_tail)
+        global _bits, _push, _sort_tail  # the loops below call the compiled helpers
+        _bits, _push, _sort_tail = jit(_bits), jit(_push), jit(_sort_tail)
         _LOOPS.update(finishes=jit(_finishes_loop), fifo=jit(_fifo_loop), arrivals_at=jit(_arrivals_loop))
     return _LOOPS
 
@@ -134,7 +136,15 @@ def _sort_tail(keys, k, shifts):  # pragma: no cover - runs compiled
         keys[:k] = np.sort(keys[:k])
 
 
-def _finishes_loop(pe, arr, cost, finish, busy):  # pragma: no cover - runs compiled
+def _bits(x):  # pragma: no cover - runs compiled
+    """Bits that hold every value below ``x``."""
+    b = 0
+    while (1 << b) < x:
+        b += 1
+    return b
+
+
+def _finishes_loop(pe, arr, cost, finish, busy, first):  # pragma: no cover - runs compiled
     blocks, pairs = arr.shape
     lo, hi = arr[0, 0], arr[0, 0]
     for q in range(blocks):
@@ -147,29 +157,30 @@ def _finishes_loop(pe, arr, cost, finish, busy):  # pragma: no cover - runs comp
             n1 += 1
         most = max(most, n1 - n0)
         n0 = n1
-    if (hi - lo + 1) >= _KEY_TOP // (blocks * most):
+    bq, bn = _bits(blocks), _bits(most)
+    if (hi - lo + 1) >= _KEY_TOP >> (bq + bn):
         return False
     keys = np.empty(blocks * most, np.int64)
+    low_q, low_n = (1 << bq) - 1, (1 << bn) - 1
     n0 = 0
     while n0 < pairs:
         p, n1 = pe[n0], n0
         while n1 < pairs and pe[n1] == p:
             n1 += 1
-        m = n1 - n0
-        span = blocks * m
         k, shifts = 0, 0
-        for q in range(blocks):  # key: arrival, then block, then pair (the tie rule)
+        for q in range(blocks):  # key: arrival, then block, then pair (the tie rule), as bit fields
             for n in range(n0, n1):
                 finish[p, q] = max(finish[p, q], arr[q, n])  # every message of its columns has come
                 if cost[q, n] > 0:
-                    shifts = _push(keys, k, (arr[q, n] - lo) * span + q * m + n - n0, shifts)
+                    first[0] = min(first[0], arr[q, n])
+                    key = (((arr[q, n] - lo) << bq | q) << bn) | (n - n0)
+                    shifts = _push(keys, k, key, shifts)
                     k += 1
         _sort_tail(keys, k, shifts)
         t, total = lo, np.int64(0)
         for j in range(k):
-            i = keys[j] % span
-            q = i // m
-            n = n0 + i - q * m
+            q = (keys[j] >> bn) & low_q
+            n = n0 + (keys[j] & low_n)
             c = cost[q, n]
             t = max(t, arr[q, n]) + c
             total += c
@@ -193,7 +204,8 @@ def _fifo_loop(pe, arrival, cost, finish, p_lo, groups):  # pragma: no cover - r
     for g in range(groups):
         most = max(most, start[g + 1])
         start[g + 1] += start[g]
-    if (hi - lo + 1) >= _KEY_TOP // most:
+    bits = _bits(most)
+    if (hi - lo + 1) >= _KEY_TOP >> bits:
         return False
     order = np.empty(n, np.int64)  # tasks PE by PE, in the given order within a PE
     fill = start[:-1].copy()
@@ -202,16 +214,17 @@ def _fifo_loop(pe, arrival, cost, finish, p_lo, groups):  # pragma: no cover - r
         order[fill[g]] = i
         fill[g] += 1
     keys = np.empty(most, np.int64)
+    low = (1 << bits) - 1
     for g in range(groups):
         s, m = start[g], start[g + 1] - start[g]
         k, shifts = 0, 0
         for j in range(m):  # key: arrival, then place in the given order (the tie rule)
-            shifts = _push(keys, k, (arrival[order[s + j]] - lo) * m + j, shifts)
+            shifts = _push(keys, k, (arrival[order[s + j]] - lo) << bits | j, shifts)
             k += 1
         _sort_tail(keys, k, shifts)
-        t = np.int64(-(1 << 62))
+        t = lo
         for j in range(k):
-            i = order[s + keys[j] % m]
+            i = order[s + (keys[j] & low)]
             t = max(t, arrival[i]) + cost[i]
             finish[i] = t
     return True

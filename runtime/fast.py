@@ -423,7 +423,7 @@ class FastClock:
         cost = torch.where(work, each[size_of], 0)  # [blocks, pairs]; 0: no task
         # PEs without a pair are done with every block at t0: only the active ones are timed
         active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
-        finish, busy_active = finishes(at, arr, cost, len(active), t0)
+        finish, busy_active, first = finishes(at, arr, cost, len(active), t0)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_put_((active,), busy_active)
         # a block in which no PE ran a task has only zero partial sums: none is sent (zero wavelets)
         summed = torch.where(work.any(1), wave_out, 0) if sent is not None else wave_out
@@ -439,7 +439,7 @@ class FastClock:
         messages = blocks * len(col) if sent is None else int(sent.sum())
         axpys = int(tasks.sum())
         latest = {value: int(ready.max())} if ready.numel() else {}
-        start = int(arr.masked_fill(~work, NEVER).amin()) if axpys else int(ready.min())
+        start = first if axpys else int(ready.min())
         kt = KernelTime(
             k.name,
             k.op,

@@ -13,9 +13,7 @@ from __future__ import annotations
 import torch
 
 from .layout import Layout
-from .queues import CHUNK
-
-NEVER = 1 << 62  # later than any cycle
+from .queues import CHUNK, NEVER
 
 
 def busiest_link(

@@ -17,9 +17,10 @@ import torch
 
 from . import compiled
 
-__all__ = ["fifo", "finishes", "queues", "BIG", "CHUNK"]
+__all__ = ["fifo", "finishes", "queues", "BIG", "CHUNK", "NEVER"]
 
 BIG = 1 << 44
+NEVER = 1 << 62  # later than any cycle
 CHUNK = 1 << 21  # entries of one scratch tensor
 _PE_BITS = 22  # PE ids at or above 2**22 take two sorts
 
@@ -125,25 +126,28 @@ def queues(
 
 def finishes(
     pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int, t0: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[pes, blocks]``: when each PE is done with each block of a sparse matmul, and each PE's busy
-    cycles. A PE is done with block ``q`` once its tasks of ``q`` have run (``queues``), every message
-    of its columns in ``q`` has come (tasks or not: it cannot know a column is empty before its
-    message), it is done with ``q - 1``, and not before ``t0``.
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``[pes, blocks]``: when each PE is done with each block of a sparse matmul; each PE's busy
+    cycles; and when the first task arrives (``NEVER`` if there is none). A PE is done with block
+    ``q`` once its tasks of ``q`` have run (``queues``), every message of its columns in ``q`` has
+    come (tasks or not: it cannot know a column is empty before its message), it is done with
+    ``q - 1``, and not before ``t0``.
 
         >>> pe = torch.tensor([0, 0])
         >>> arr, cost = torch.tensor([[1, 6], [2, 3]]), torch.tensor([[4, 0], [0, 0]])
-        >>> [t.tolist() for t in finishes(pe, arr, cost, 1, 0)]
-        [[[6, 6]], [4]]
+        >>> finish, busy, first = finishes(pe, arr, cost, 1, 0)
+        >>> finish.tolist(), busy.tolist(), first
+        ([[6, 6]], [4], 1)
     """
     if compiled.available(pe, arr, cost):
-        got = compiled.finishes(pe, arr, cost, pes, t0)
+        got = compiled.finishes(pe, arr, cost, pes, t0, NEVER)
         if got is not None:
             return got
     best, busy = queues(pe, arr, cost, pes)
     barrier = torch.full((arr.shape[0], pes), t0, dtype=torch.int64)
     barrier.scatter_reduce_(1, pe[None, :].expand_as(arr), arr, "amax")
-    return torch.cummax(torch.maximum(best, barrier.T), dim=1).values, busy
+    first = int(arr.masked_fill(cost == 0, NEVER).amin()) if arr.numel() else NEVER
+    return torch.cummax(torch.maximum(best, barrier.T), dim=1).values, busy, first
 
 
 def _queues_slow(pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int) -> torch.Tensor:

@@ -46,10 +46,10 @@ def test_finishes_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPat
         arr += torch.arange(blocks)[:, None] * spread
     cost = torch.randint(1, 20, (blocks, pairs), generator=g) * (torch.rand(blocks, pairs, generator=g) > 0.3)
     t0 = [0, spread // 2][seed % 2]
-    assert compiled.finishes(pe, arr, cost, pes, t0) is not None
-    finish, busy = q.finishes(pe, arr, cost, pes, t0)
-    want_finish, want_busy = _tensor_form(monkeypatch, q.finishes, pe, arr, cost, pes, t0)
-    assert torch.equal(finish, want_finish) and torch.equal(busy, want_busy)
+    assert compiled.finishes(pe, arr, cost, pes, t0, q.NEVER) is not None
+    finish, busy, first = q.finishes(pe, arr, cost, pes, t0)
+    want_finish, want_busy, want_first = _tensor_form(monkeypatch, q.finishes, pe, arr, cost, pes, t0)
+    assert torch.equal(finish, want_finish) and torch.equal(busy, want_busy) and first == want_first
 
 
 def test_keys_that_do_not_fit_take_the_tensor_form() -> None:
