@@ -28,7 +28,7 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["arrivals_at", "available", "fifo", "finishes"]
+__all__ = ["arrivals_at", "available", "fifo", "finishes", "range_max_1d", "stab"]
 
 _HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 _KEY_TOP = 1 << 62  # sort keys stay below this
@@ -91,6 +91,26 @@ def arrivals_at(
     return torch.from_numpy(out)
 
 
+def range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``intervals.range_max_1d`` compiled: ``[ranges, blocks]`` the largest of rows ``lo..hi`` of
+    ``values`` ``[n, blocks]``, from one sparse table built in place a level at a time."""
+    out = np.empty((len(lo), values.shape[1]), np.int64)
+    if len(lo):
+        _loops()["range_max_1d"](_np(values).copy(), _np(lo), _np(hi), out)
+    return torch.from_numpy(out)
+
+
+def stab(
+    a: torch.Tensor, b: torch.Tensor, value: torch.Tensor, n: int, empty: int, largest: bool
+) -> torch.Tensor:
+    """``intervals.stab`` compiled: ``[n, blocks]`` the largest (or least) ``value`` of the ranges
+    ``a[i] .. b[i] - 1`` holding each index, ``empty`` where none does; ``value`` is ``[ranges, blocks]``."""
+    out = np.full((n, value.shape[1]), empty, np.int64)
+    if len(a) and n:
+        _loops()["stab"](_np(a), _np(b), _np(value), out, largest)
+    return torch.from_numpy(out)
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.int64).contiguous().numpy()
 
@@ -106,7 +126,13 @@ def _loops() -> dict[str, object]:
         jit = numba.njit(cache=True, nogil=True)
         global _bits, _push, _sort_tail  # the loops below call the compiled helpers
         _bits, _push, _sort_tail = jit(_bits), jit(_push), jit(_sort_tail)
-        _LOOPS.update(finishes=jit(_finishes_loop), fifo=jit(_fifo_loop), arrivals_at=jit(_arrivals_loop))
+        _LOOPS.update(
+            finishes=jit(_finishes_loop),
+            fifo=jit(_fifo_loop),
+            arrivals_at=jit(_arrivals_loop),
+            range_max_1d=jit(_range_max_loop),
+            stab=jit(_stab_loop),
+        )
     return _LOOPS
 
 
@@ -238,3 +264,60 @@ def _arrivals_loop(depart, sends, live, filtered, q, feats, hops, climb, last, o
             if filtered and not live[q[i], f]:
                 f = last[f]  # the lane's end-of-block mark
             out[i, n] = d[f] + hops[n] + climb[n] + w[f]
+
+
+def _range_max_loop(table, lo, hi, out):  # pragma: no cover - runs compiled
+    n, blocks = table.shape
+    level = np.empty(len(lo), np.int64)
+    for r in range(len(lo)):
+        level[r] = _bits(hi[r] - lo[r] + 2) - 1  # floor(log2(length))
+    top = level.max()
+    by_level = np.argsort(level, kind="mergesort")
+    r = 0
+    for j in range(top + 1):
+        if j:  # in place, rows ascending: row i + half still holds the level below
+            half = 1 << (j - 1)
+            for i in range(n - (1 << j) + 1):
+                for q in range(blocks):
+                    table[i, q] = max(table[i, q], table[i + half, q])
+        while r < len(lo) and level[by_level[r]] == j:
+            k = by_level[r]
+            for q in range(blocks):
+                out[k, q] = max(table[lo[k], q], table[hi[k] - (1 << j) + 1, q])
+            r += 1
+
+
+def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
+    n, blocks = best.shape
+    ranges = len(a)
+    # every range is two runs of 2^j indices (j = floor(log2(length))); from the longest level down,
+    # a level's runs take the marks of the ranges of that level, then pass them to the halves below
+    level = np.empty(ranges, np.int64)
+    for i in range(ranges):
+        level[i] = _bits(b[i] - a[i] + 1) - 1
+    order = np.argsort(level, kind="mergesort")
+    empty = best[0, 0]  # ``best`` comes filled with ``empty``
+    cur = best.copy()
+    r = ranges - 1
+    for j in range(level.max(), -1, -1):
+        while r >= 0 and level[order[r]] == j:
+            i = order[r]
+            for at in (a[i], b[i] - (1 << j)):
+                for q in range(blocks):
+                    v = value[i, q]
+                    if (v > cur[at, q]) if largest else (v < cur[at, q]):
+                        cur[at, q] = v
+            r -= 1
+        if j == 0:
+            break
+        half = 1 << (j - 1)
+        below = np.full((n, blocks), empty, np.int64)
+        for at in range(n):
+            for q in range(blocks):
+                v = cur[at, q]
+                if (v > below[at, q]) if largest else (v < below[at, q]):
+                    below[at, q] = v
+                if at + half < n and ((v > below[at + half, q]) if largest else (v < below[at + half, q])):
+                    below[at + half, q] = v
+        cur = below
+    best[:, :] = cur

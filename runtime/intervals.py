@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import compiled
 from .layout import Layout
 from .queues import CHUNK, NEVER
 
@@ -72,6 +73,8 @@ def range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> to
     blocks]``. A sparse table built a level at a time up to what the longest range needs, each level
     answering its ranges before the next replaces it (no loop per range); blocks go a few at a time,
     so that a level holds at most about ``CHUNK * 4`` entries."""
+    if compiled.available(values, lo, hi):
+        return compiled.range_max_1d(values, lo, hi)
     n, blocks = values.shape
     step = max(1, CHUNK * 4 // max(1, n))
     if blocks > step:
@@ -208,6 +211,9 @@ def stab(a: torch.Tensor, b: torch.Tensor, value: torch.Tensor, n: int, empty: i
     ``value`` of ``[ranges, blocks]``: each column on its own). Each range is two blocks of a
     power-of-two length ``2^j``, as in a sparse table; a level's blocks then pass their value to the
     two halves below, from the longest level down, so the work is the indices times the levels."""
+    if compiled.available(a, b, value):
+        flat = value.reshape(len(value), -1).to(torch.int64)
+        return compiled.stab(a, b, flat, n, empty, how == "amax").reshape(n, *value.shape[1:])
     level = torch.floor(torch.log2((b - a).to(torch.float64))).to(torch.int64)
     top = int(level.max()) if len(level) else 0
     pick = torch.minimum if how == "amin" else torch.maximum

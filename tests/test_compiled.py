@@ -102,3 +102,24 @@ def test_the_clock_times_alike_with_and_without_the_loops(
     stats = sparsefx.run(program, args).stats.to_json()
     monkeypatch.setenv("SPARSEFX_NUMBA", "0")
     assert sparsefx.run(program, args).stats.to_json() == stats
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_interval_maxima_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparsefx.runtime import intervals
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 700, (1,), generator=g))
+    blocks = int(torch.randint(1, 6, (1,), generator=g))
+    ranges = int(torch.randint(1, 400, (1,), generator=g))
+    lo = torch.randint(0, n, (ranges,), generator=g)
+    longest = [4, 60, n][seed % 3]
+    hi = torch.clamp(lo + torch.randint(0, longest, (ranges,), generator=g), max=n - 1)
+    values = torch.randint(-(10**6), 10**6, (n, blocks), generator=g)
+    ranged = (values, lo, hi)
+    want = _tensor_form(monkeypatch, intervals.range_max_1d, *ranged)
+    assert torch.equal(intervals.range_max_1d(*ranged), want)
+    value = torch.randint(-50, 50, (ranges, blocks) if seed % 2 else (ranges,), generator=g)
+    for how, empty in (("amax", -(1 << 62)), ("amin", 7)):
+        stabbed = (lo, hi + 1, value, n, empty, how)
+        assert torch.equal(intervals.stab(*stabbed), _tensor_form(monkeypatch, intervals.stab, *stabbed))
