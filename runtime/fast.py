@@ -302,7 +302,7 @@ class FastClock:
         keys, k_at = torch.unique(feats[at] * buses + bus, return_inverse=True)  # one message each
         pair = torch.zeros(len(keys), dtype=torch.int64).scatter_(0, k_at, torch.arange(len(k_at)))
         far = torch.zeros(len(keys), dtype=torch.int64).scatter_reduce(0, k_at, rise[at].abs(), "amax")
-        queue = busiest_link(keys % buses, lane[at][pair], far, buses, self.p.mesh.height)
+        queue = busiest_link(keys % buses, lane[at][pair], far, self.p.mesh.height)
         return rise, True, at, k_at, at[pair], queue
 
     # -- kernels --------------------------------------------------------------------------------------

@@ -17,20 +17,19 @@ from .layout import Layout
 from .queues import CHUNK, NEVER
 
 
-def busiest_link(
-    bus: torch.Tensor, lane: torch.Tensor, far: torch.Tensor, buses: int, height: int
-) -> torch.Tensor:
+def busiest_link(bus: torch.Tensor, lane: torch.Tensor, far: torch.Tensor, height: int) -> torch.Tensor:
     """For messages forking ``far`` rows from ``lane`` on ``bus`` (column * 2, + 1 going south), the
     busiest link each crosses, as a queue id ``bus * height + row`` (the row the link leaves): the
     messages crossing a link pass it one at a time, the busiest link's queue stands for the route's."""
     south = bus % 2 == 1
     lo = torch.where(south, lane, lane - far + 1)
     hi = torch.where(south, lane + far - 1, lane)
-    load = torch.zeros((height + 1, buses), dtype=torch.int64)
-    load.index_put_((lo, bus), torch.ones_like(lo), accumulate=True)
-    load.index_put_((hi + 1, bus), -torch.ones_like(lo), accumulate=True)
+    used, at = torch.unique(bus, return_inverse=True)  # only the buses some message takes
+    load = torch.zeros((height + 1, len(used)), dtype=torch.int64)
+    load.index_put_((lo, at), torch.ones_like(lo), accumulate=True)
+    load.index_put_((hi + 1, at), -torch.ones_like(lo), accumulate=True)
     grid = torch.cumsum(load, 0)[:height, :, None]
-    return bus * height + range_max(grid, bus, lo, hi)[:, 0] % height
+    return bus * height + range_max(grid, at, lo, hi)[:, 0] % height
 
 
 class Columns:
