@@ -28,7 +28,7 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["arrivals_at", "available", "fifo", "finishes", "range_max_1d", "stab"]
+__all__ = ["arrivals_at", "available", "fifo", "finishes", "nearest_side", "range_max_1d", "stab"]
 
 _HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 _KEY_TOP = 1 << 62  # sort keys stay below this
@@ -111,6 +111,15 @@ def stab(
     return torch.from_numpy(out)
 
 
+def nearest_side(both: torch.Tensor, segment: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    """``Holders.reach``'s last step compiled: ``[blocks, keys]``, for key ``k`` the larger of
+    ``both[segment[k], q] + span[k]`` and ``both[segment[k], blocks + q] - span[k]``."""
+    blocks = both.shape[1] // 2
+    out = np.empty((blocks, len(segment)), np.int64)
+    _loops()["nearest_side"](_np(both), _np(segment), _np(span), out)
+    return torch.from_numpy(out)
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.int64).contiguous().numpy()
 
@@ -132,6 +141,7 @@ def _loops() -> dict[str, object]:
             arrivals_at=jit(_arrivals_loop),
             range_max_1d=jit(_range_max_loop),
             stab=jit(_stab_loop),
+            nearest_side=jit(_nearest_side_loop),
         )
     return _LOOPS
 
@@ -321,3 +331,11 @@ def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
                     below[at + half, q] = v
         cur = below
     best[:, :] = cur
+
+
+def _nearest_side_loop(both, segment, span, out):  # pragma: no cover - runs compiled
+    blocks, keys = out.shape
+    for q in range(blocks):
+        for k in range(keys):
+            s = segment[k]
+            out[q, k] = max(both[s, q] + span[k], both[s, blocks + q] - span[k])

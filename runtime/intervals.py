@@ -192,6 +192,8 @@ class Holders:
             done = torch.full((len(self.pe), blocks), t0, dtype=torch.int64)
         y = (self.pe // width * hop)[:, None]
         both = stab(self.a, self.b, torch.cat([done - y, done + y], 1), self.segments, -NEVER, "amax")
+        if compiled.available(both, lane):
+            return compiled.nearest_side(both, self.segment, lane * hop)
         both = both[self.segment]
         span = (lane * hop)[:, None]
         return torch.maximum(both[:, :blocks] + span, both[:, blocks:] - span).T
