@@ -28,7 +28,16 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["arrivals_at", "available", "fifo", "finishes", "nearest_side", "range_max_1d", "stab"]
+__all__ = [
+    "arrivals_at",
+    "available",
+    "fifo",
+    "finishes",
+    "nearest_side",
+    "range_max_1d",
+    "slowest_rows",
+    "stab",
+]
 
 _HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 _KEY_TOP = 1 << 62  # sort keys stay below this
@@ -100,6 +109,26 @@ def range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> to
     return torch.from_numpy(out)
 
 
+def slowest_rows(
+    finish: torch.Tensor,
+    order: torch.Tensor,
+    y: torch.Tensor,
+    height: int,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+) -> torch.Tensor:
+    """``Columns.slowest``'s ranges compiled: ``[ranges, blocks]`` the largest ``finish[order[i], q] *
+    height + y[i]`` over ``i`` in ``lo..hi`` (inclusive, non-empty), without a gathered copy of
+    ``finish``."""
+    table = np.empty((len(order), finish.shape[1]), np.int64)
+    out = np.empty((len(lo), finish.shape[1]), np.int64)
+    loops = _loops()
+    loops["encode_rows"](_np(finish), _np(order), _np(y), height, table)
+    if len(lo):
+        loops["range_max_1d"](table, _np(lo), _np(hi), out)
+    return torch.from_numpy(out)
+
+
 def stab(
     a: torch.Tensor, b: torch.Tensor, value: torch.Tensor, n: int, empty: int, largest: bool
 ) -> torch.Tensor:
@@ -142,6 +171,7 @@ def _loops() -> dict[str, object]:
             range_max_1d=jit(_range_max_loop),
             stab=jit(_stab_loop),
             nearest_side=jit(_nearest_side_loop),
+            encode_rows=jit(_encode_rows_loop),
         )
     return _LOOPS
 
@@ -339,3 +369,9 @@ def _nearest_side_loop(both, segment, span, out):  # pragma: no cover - runs com
         for k in range(keys):
             s = segment[k]
             out[q, k] = max(both[s, q] + span[k], both[s, blocks + q] - span[k])
+
+
+def _encode_rows_loop(finish, order, y, height, table):  # pragma: no cover - runs compiled
+    for i in range(len(order)):
+        for q in range(table.shape[1]):
+            table[i, q] = finish[order[i], q] * height + y[i]
