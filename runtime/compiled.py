@@ -33,7 +33,7 @@ __all__ = [
     "available",
     "fifo",
     "finishes",
-    "nearest_side",
+    "reach",
     "range_max_1d",
     "slowest_rows",
     "stab",
@@ -140,12 +140,25 @@ def stab(
     return torch.from_numpy(out)
 
 
-def nearest_side(both: torch.Tensor, segment: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
-    """``Holders.reach``'s last step compiled: ``[blocks, keys]``, for key ``k`` the larger of
-    ``both[segment[k], q] + span[k]`` and ``both[segment[k], blocks + q] - span[k]``."""
-    blocks = both.shape[1] // 2
+def reach(
+    finish: torch.Tensor,
+    at: torch.Tensor,
+    t0: int,
+    y: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    segments: int,
+    segment: torch.Tensor,
+    span: torch.Tensor,
+) -> torch.Tensor:
+    """``Holders.reach`` compiled: ``[blocks, keys]``. Interval ``i`` holds rows of PE ``at[i]`` of
+    ``finish`` (``-1``: an idle PE, done at ``t0``) at ``y[i]`` cycles from row 0 and covers segments
+    ``a[i] .. b[i] - 1``; key ``k`` is in ``segment[k]``, ``span[k]`` cycles from row 0."""
+    blocks = finish.shape[1]
     out = np.empty((blocks, len(segment)), np.int64)
-    _loops()["nearest_side"](_np(both), _np(segment), _np(span), out)
+    if len(segment):
+        intervals = (_np(at), t0, _np(y), _np(a), _np(b), segments)
+        _loops()["reach"](_np(finish), *intervals, _np(segment), _np(span), out)
     return torch.from_numpy(out)
 
 
@@ -162,15 +175,15 @@ def _loops() -> dict[str, object]:
         import numba
 
         jit = numba.njit(cache=True, nogil=True)
-        global _bits, _push, _sort_tail  # the loops below call the compiled helpers
-        _bits, _push, _sort_tail = jit(_bits), jit(_push), jit(_sort_tail)
+        global _bits, _push, _sort_tail, _stab_loop  # the loops below call the compiled helpers
+        _bits, _push, _sort_tail, _stab_loop = jit(_bits), jit(_push), jit(_sort_tail), jit(_stab_loop)
         _LOOPS.update(
             finishes=jit(_finishes_loop),
             fifo=jit(_fifo_loop),
             arrivals_at=jit(_arrivals_loop),
             range_max_1d=jit(_range_max_loop),
-            stab=jit(_stab_loop),
-            nearest_side=jit(_nearest_side_loop),
+            stab=_stab_loop,
+            reach=jit(_reach_loop),
             encode_rows=jit(_encode_rows_loop),
         )
     return _LOOPS
@@ -337,7 +350,7 @@ def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
         level[i] = _bits(b[i] - a[i] + 1) - 1
     order = np.argsort(level, kind="mergesort")
     empty = best[0, 0]  # ``best`` comes filled with ``empty``
-    cur = best.copy()
+    cur, below = best.copy(), np.empty_like(best)  # a level and the one below, swapped as they go
     r = ranges - 1
     for j in range(level.max(), -1, -1):
         while r >= 0 and level[order[r]] == j:
@@ -351,7 +364,7 @@ def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
         if j == 0:
             break
         half = 1 << (j - 1)
-        below = np.full((n, blocks), empty, np.int64)
+        below[:, :] = empty
         for at in range(n):
             for q in range(blocks):
                 v = cur[at, q]
@@ -359,12 +372,20 @@ def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
                     below[at, q] = v
                 if at + half < n and ((v > below[at + half, q]) if largest else (v < below[at + half, q])):
                     below[at + half, q] = v
-        cur = below
+        cur, below = below, cur
     best[:, :] = cur
 
 
-def _nearest_side_loop(both, segment, span, out):  # pragma: no cover - runs compiled
+def _reach_loop(finish, at, t0, y, a, b, segments, segment, span, out):  # pragma: no cover
     blocks, keys = out.shape
+    value = np.empty((len(at), 2 * blocks), np.int64)  # each interval's finish - y, then finish + y
+    for i in range(len(at)):
+        for q in range(blocks):
+            done = t0 if at[i] < 0 else finish[at[i], q]
+            value[i, q] = done - y[i]
+            value[i, blocks + q] = done + y[i]
+    both = np.full((segments, 2 * blocks), -(1 << 62), np.int64)
+    _stab_loop(a, b, value, both, True)
     for q in range(blocks):
         for k in range(keys):
             s = segment[k]

@@ -187,15 +187,20 @@ class Holders:
         blocks = finish.shape[1]
         if not len(self.keys):
             return torch.zeros((blocks, 0), dtype=torch.int64)
+        y = self.pe // width * hop
         if len(active):
             at = torch.searchsorted(active, self.pe).clamp_(max=len(active) - 1)
-            done = torch.where((active[at] == self.pe)[:, None], finish[at], t0)
+            at = torch.where(active[at] == self.pe, at, -1)  # -1: an idle PE, done at t0
+        else:
+            at = torch.full((len(self.pe),), -1, dtype=torch.int64)
+        if compiled.available(finish, lane):
+            return compiled.reach(finish, at, t0, y, self.a, self.b, self.segments, self.segment, lane * hop)
+        if len(active):
+            done = torch.where((at >= 0)[:, None], finish[at.clamp(min=0)], t0)
         else:
             done = torch.full((len(self.pe), blocks), t0, dtype=torch.int64)
-        y = (self.pe // width * hop)[:, None]
+        y = y[:, None]
         both = stab(self.a, self.b, torch.cat([done - y, done + y], 1), self.segments, -NEVER, "amax")
-        if compiled.available(both, lane):
-            return compiled.nearest_side(both, self.segment, lane * hop)
         both = both[self.segment]
         span = (lane * hop)[:, None]
         return torch.maximum(both[:, :blocks] + span, both[:, blocks:] - span).T
