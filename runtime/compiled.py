@@ -60,9 +60,9 @@ def finishes(
     non-decreasing (pairs PE by PE). None when the sort keys (arrival, block, pair) would not fit
     in 62 bits."""
     blocks = arr.shape[0]
-    finish = np.full((pes, blocks), t0, np.int64)
-    busy = np.zeros(pes, np.int64)
-    first = np.full(1, never, np.int64)
+    finish = _host_full((pes, blocks), t0)
+    busy = _host_full(pes, 0)
+    first = _host_full(1, never)
     if arr.numel() and not _loops()["finishes"](_np(pe), _np(arr), _np(cost), finish, busy, first):
         return None
     return torch.from_numpy(finish), torch.from_numpy(busy), int(first[0])
@@ -72,7 +72,7 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
     """``queues.fifo`` compiled: each task's finish when every PE runs its tasks one at a time in arrival
     order, ties in the given order. None when the PE ids spread too far for a count per id, or the
     sort keys (arrival, place on the PE) would not fit in 62 bits."""
-    finish = np.empty(len(pe), np.int64)
+    finish = _host_full(len(pe))
     if len(pe):
         p_lo, p_hi = (int(v) for v in torch.aminmax(pe))
         if p_hi - p_lo >= 4 * len(pe) + (1 << 20):
@@ -93,7 +93,7 @@ def arrivals_at(
     last: torch.Tensor,
 ) -> torch.Tensor:
     """``arrivals.arrivals_at`` in one compiled pass over the ``[len(q), len(feats)]`` messages."""
-    out = np.empty((len(q), len(feats)), np.int64)
+    out = _host_full((len(q), len(feats)))
     flags = np.ones((1, 1), np.bool_) if live is None else live.contiguous().numpy()
     ints = (_np(q), _np(feats), _np(hops), _np(climb), _np(last))
     _loops()["arrivals_at"](_np(depart), _np(sends), flags, live is not None, *ints, out)
@@ -103,9 +103,9 @@ def arrivals_at(
 def range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """``intervals.range_max_1d`` compiled: ``[ranges, blocks]`` the largest of rows ``lo..hi`` of
     ``values`` ``[n, blocks]``, from one sparse table built in place a level at a time."""
-    out = np.empty((len(lo), values.shape[1]), np.int64)
+    out = _host_full((len(lo), values.shape[1]))
     if len(lo):
-        _loops()["range_max_1d"](_np(values).copy(), _np(lo), _np(hi), out)
+        _loops()["range_max_1d"](values.to(torch.int64).clone().numpy(), _np(lo), _np(hi), out)
     return torch.from_numpy(out)
 
 
@@ -120,8 +120,8 @@ def slowest_rows(
     """``Columns.slowest``'s ranges compiled: ``[ranges, blocks]`` the largest ``finish[order[i], q] *
     height + y[i]`` over ``i`` in ``lo..hi`` (inclusive, non-empty), without a gathered copy of
     ``finish``."""
-    table = np.empty((len(order), finish.shape[1]), np.int64)
-    out = np.empty((len(lo), finish.shape[1]), np.int64)
+    table = _host_full((len(order), finish.shape[1]))
+    out = _host_full((len(lo), finish.shape[1]))
     loops = _loops()
     loops["encode_rows"](_np(finish), _np(order), _np(y), height, table)
     if len(lo):
@@ -134,7 +134,7 @@ def stab(
 ) -> torch.Tensor:
     """``intervals.stab`` compiled: ``[n, blocks]`` the largest (or least) ``value`` of the ranges
     ``a[i] .. b[i] - 1`` holding each index, ``empty`` where none does; ``value`` is ``[ranges, blocks]``."""
-    out = np.full((n, value.shape[1]), empty, np.int64)
+    out = _host_full((n, value.shape[1]), empty)
     if len(a) and n:
         _loops()["stab"](_np(a), _np(b), _np(value), out, largest)
     return torch.from_numpy(out)
@@ -155,11 +155,19 @@ def reach(
     ``finish`` (``-1``: an idle PE, done at ``t0``) at ``y[i]`` cycles from row 0 and covers segments
     ``a[i] .. b[i] - 1``; key ``k`` is in ``segment[k]``, ``span[k]`` cycles from row 0."""
     blocks = finish.shape[1]
-    out = np.empty((blocks, len(segment)), np.int64)
+    out = _host_full((blocks, len(segment)))
     if len(segment):
         intervals = (_np(at), t0, _np(y), _np(a), _np(b), segments)
         _loops()["reach"](_np(finish), *intervals, _np(segment), _np(span), out)
     return torch.from_numpy(out)
+
+
+def _host_full(shape: int | tuple[int, ...], fill: int | None = None) -> np.ndarray:
+    """A scratch or result array the loops write, allocated by torch (as the tensor form's are), so
+    that the memory a run frees and takes again comes from one allocator."""
+    size = (shape,) if isinstance(shape, int) else shape
+    t = torch.empty(size, dtype=torch.int64) if fill is None else torch.full(size, fill, dtype=torch.int64)
+    return t.numpy()
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
