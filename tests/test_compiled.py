@@ -123,3 +123,45 @@ def test_interval_maxima_match_the_tensor_form(seed: int, monkeypatch: pytest.Mo
     for how, empty in (("amax", -(1 << 62)), ("amin", 7)):
         stabbed = (lo, hi + 1, value, n, empty, how)
         assert torch.equal(intervals.stab(*stabbed), _tensor_form(monkeypatch, intervals.stab, *stabbed))
+
+
+@pytest.fixture(scope="module")
+def sparse_layouts() -> list:
+    """Each sparse matmul's layout and region of gpt-tiny lowered onto 8x8 with either placement."""
+    import sparsefx
+    from sparsefx.models import build_model
+    from sparsefx.runtime.layout import layout
+
+    spec = build_model("gpt-tiny")
+    sm = sparsefx.compile(spec.model, {"sparsity": 0.9}, spec.args)
+    found = []
+    for placement in ("balanced", "block"):
+        program = sparsefx.lower(sm, spec.args, mesh="8x8", mode="streaming", placement=placement)
+        found += [(layout(program, k), k.region) for k in program.kernels if k.op == "sparse_matmul"]
+    return found
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_partial_sum_maxima_match_the_tensor_form(
+    seed: int, sparse_layouts: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparsefx.runtime.intervals import Columns, Holders
+
+    g = torch.Generator().manual_seed(seed)
+    for s, region in sparse_layouts:
+        w, h = region.width, region.height
+        active = torch.nonzero(torch.rand(w * h, generator=g) > [0.0, 0.3, 0.9][seed % 3]).squeeze(1)
+        blocks = int(torch.randint(1, 9, (1,), generator=g))
+        finish = torch.randint(0, 5000, (len(active), blocks), generator=g)
+        t0 = int(torch.randint(0, 100, (1,), generator=g))
+        holders = Holders(s, w, h)
+        lane = torch.randint(0, h, (len(holders.keys),), generator=g)
+        reach = (finish, active, t0, lane, 2, w)
+        want = _tensor_form(monkeypatch, holders.reach, *reach)
+        assert torch.equal(holders.reach(*reach), want)
+        columns = Columns(active, w, h)
+        x = torch.randint(0, w, (50,), generator=g)
+        lo = torch.randint(0, h, (50,), generator=g)
+        hi = torch.clamp(lo + torch.randint(0, h, (50,), generator=g), max=h - 1)
+        slowest = (finish, x, lo, hi, t0)
+        assert torch.equal(columns.slowest(*slowest), _tensor_form(monkeypatch, columns.slowest, *slowest))
