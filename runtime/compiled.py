@@ -105,7 +105,7 @@ def range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> to
     ``values`` ``[n, blocks]``, from one sparse table built in place a level at a time."""
     out = _host_full((len(lo), values.shape[1]))
     if len(lo):
-        _loops()["range_max_1d"](values.to(torch.int64).clone().numpy(), _np(lo), _np(hi), out)
+        _loops()["range_max_1d"](values.to(torch.int64, copy=True).numpy(), _np(lo), _np(hi), out)
     return torch.from_numpy(out)
 
 

@@ -58,12 +58,12 @@ from .cost import (
     wavelets,
 )
 from .host import outputs_in_host
-from .intervals import NEVER, Columns, Holders, busiest_link, cumcount, merges
+from .intervals import Columns, Holders, busiest_link, cumcount, merges
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
 from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
-from .queues import CHUNK, fifo, finishes
+from .queues import CHUNK, NEVER, fifo, finishes
 from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["FastClock", "simulate"]

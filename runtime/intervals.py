@@ -54,11 +54,12 @@ class Columns:
         end = torch.searchsorted(self.key, x * h + hi, right=True)
         out = (t0 * h + hi)[:, None].expand(-1, finish.shape[1]).clone()  # ranges of idle PEs only
         some = end > first
-        if bool(some.any()) and compiled.available(finish):
-            out[some] = compiled.slowest_rows(finish, self.order, self.y, h, first[some], end[some] - 1)
-        elif bool(some.any()):
-            encoded = finish[self.order] * h + self.y[:, None]
-            out[some] = range_max_1d(encoded, first[some], end[some] - 1)
+        if bool(some.any()):
+            lo, hi = first[some], end[some] - 1
+            if compiled.available(finish):
+                out[some] = compiled.slowest_rows(finish, self.order, self.y, h, lo, hi)
+            else:
+                out[some] = range_max_1d(finish[self.order] * h + self.y[:, None], lo, hi)
         return out
 
     def first(self, finish: torch.Tensor, t0: int) -> torch.Tensor:
