@@ -33,6 +33,7 @@ __all__ = [
     "available",
     "fifo",
     "finishes",
+    "last_in",
     "reach",
     "range_max_1d",
     "slowest_rows",
@@ -162,12 +163,27 @@ def reach(
     return torch.from_numpy(out)
 
 
+def last_in(heads: torch.Tensor, sends: torch.Tensor, sizes: list[int], lo: int, rate: float) -> torch.Tensor:
+    """``host._last_in`` compiled: ``[len(sizes)]`` when each output's last message is in the host
+    (output ``i`` holds the next ``sizes[i]`` messages; every head at least ``lo``), from one bin per
+    (arrival, output) filled in one pass over the messages and drained in one over the bins, with
+    the tensor form's floating-point steps in its order (so the same cycles)."""
+    last = _host_full(len(sizes), 0)
+    if len(heads):
+        ends = np.cumsum(np.asarray(sizes, np.int64))
+        bins = (int(heads.max()) - lo + 1) * len(sizes)
+        _loops()["last_in"](_np(heads), _np(sends), ends, lo, float(rate), bins, last)
+    return torch.from_numpy(last)
+
+
 def _host_full(shape: int | tuple[int, ...], fill: int | None = None) -> np.ndarray:
     """A scratch or result array the loops write, allocated by torch (as the tensor form's are), so
     that the memory a run frees and takes again comes from one allocator."""
     size = (shape,) if isinstance(shape, int) else shape
-    t = torch.empty(size, dtype=torch.int64) if fill is None else torch.full(size, fill, dtype=torch.int64)
-    return t.numpy()
+    cpu = torch.device("cpu")  # whatever device context a clock runs in: numpy's memory is the host's
+    if fill is None:
+        return torch.empty(size, dtype=torch.int64, device=cpu).numpy()
+    return torch.full(size, fill, dtype=torch.int64, device=cpu).numpy()
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -193,6 +209,7 @@ def _loops() -> dict[str, object]:
             stab=_stab_loop,
             reach=jit(_reach_loop),
             encode_rows=jit(_encode_rows_loop),
+            last_in=jit(_last_in_loop),
         )
     return _LOOPS
 
@@ -404,3 +421,35 @@ def _encode_rows_loop(finish, order, y, height, table):  # pragma: no cover - ru
     for i in range(len(order)):
         for q in range(table.shape[1]):
             table[i, q] = finish[order[i], q] * height + y[i]
+
+
+def _last_in_loop(heads, sends, ends, lo, rate, bins, last):  # pragma: no cover - runs compiled
+    n, outputs = len(heads), len(ends)
+    wave = np.zeros(bins, np.int64)
+    top = np.zeros(bins, np.int64)
+    first = np.full(bins, n, np.int64)  # n: an empty bin
+    which = 0
+    for i in range(n):
+        while i >= ends[which]:
+            which += 1
+        k = (heads[i] - lo) * outputs + which
+        wave[k] += sends[i]
+        if sends[i] > top[k]:
+            top[k] = sends[i]
+        if first[k] == n:
+            first[k] = i
+    upto = 0
+    run = -np.inf
+    for k in range(bins):
+        if first[k] == n:
+            continue
+        upto += wave[k]
+        u = np.float64(upto)
+        w0 = np.float64(sends[first[k]])
+        before = (u - np.float64(wave[k]) + w0) / rate - w0 / rate
+        head = k // outputs + lo
+        run = max(run, np.float64(head) - before)
+        done = max(np.int64(np.ceil(u / rate + run - 1e-9)), head + top[k])
+        o = k % outputs
+        if done > last[o]:
+            last[o] = done

@@ -165,3 +165,38 @@ def test_partial_sum_maxima_match_the_tensor_form(
         hi = torch.clamp(lo + torch.randint(0, h, (50,), generator=g), max=h - 1)
         slowest = (finish, x, lo, hi, t0)
         assert torch.equal(columns.slowest(*slowest), _tensor_form(monkeypatch, columns.slowest, *slowest))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_host_queue_matches_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs' last messages into the host: arrivals bunched (many messages a bin) or spread, wavelets
+    including 0 (filtered), host rates that bind and that do not."""
+    from sparsefx.runtime import host
+
+    g = torch.Generator().manual_seed(seed)
+    names = [f"out{i}" for i in range(int(torch.randint(1, 5, (1,), generator=g)))]
+    spread = [3, 40, 2000][seed % 3]
+    rate = [0.7, 2.0, 44.0, 5.5][seed % 4]
+    messages = {}
+    for n in names:
+        size = int(torch.randint(0, 3000, (1,), generator=g))
+        heads = torch.randint(0, spread, (size,), generator=g) + [0, 17][seed % 2]
+        sends = torch.randint(0, 40, (size,), generator=g) * (torch.rand(size, generator=g) > 0.2)
+        messages[n] = (heads, sends)
+    assert compiled.available(*[t for pair in messages.values() for t in pair])
+    got = host.outputs_in_host(messages, rate)
+    assert got == _tensor_form(monkeypatch, host.outputs_in_host, messages, rate)
+    whole = {  # message by message, no bins: the rule itself
+        n: int(host.in_host(torch.cat([h for h, _ in messages.values()]),
+                            torch.cat([s for _, s in messages.values()]), rate)[i].max()) if len(i) else 0
+        for n, i in _indices(messages).items()
+    }
+    assert got == whole
+
+
+def _indices(messages: dict) -> dict:
+    out, at = {}, 0
+    for n, (h, _) in messages.items():
+        out[n] = torch.arange(at, at + len(h))
+        at += len(h)
+    return out
