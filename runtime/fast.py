@@ -57,7 +57,7 @@ from .cost import (
     task_overhead,
     wavelets,
 )
-from .host import outputs_in_host
+from .host import edge_queued, outputs_in_host
 from .intervals import Columns, Holders, busiest_link, cumcount, merges
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
@@ -702,11 +702,17 @@ def _simulate(clock: FastClock) -> Timeline:
     program = clock.p
     kernels = [clock.time(k) for k in program.kernels]
     hw, mesh = program.hardware, program.mesh
-    messages: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    producers = {k.name: k for k in program.kernels}
+    heads, sends, rows = [], [], []
     for name in program.outputs:  # each message's head reaches the mesh's east edge, then the host
         flow = clock.flows[name]
         hops = mesh.width - flow.east if flow.east >= 0 else mesh.width  # east, off the mesh
-        messages[name] = ((flow.depart() + hops * hw.hop_cycles).cpu(), flow.sends.cpu())
+        row0 = producers[name].region.y if name in producers else 0  # the mesh row of its lane 0
+        heads.append((flow.depart() + hops * hw.hop_cycles).cpu())
+        sends.append(flow.sends.cpu())
+        rows.append((row0 + flow.lane.cpu())[None, :].expand_as(heads[-1]))
+    heads = edge_queued(heads, sends, rows)  # outputs that share a row share its links to the edge
+    messages = dict(zip(program.outputs, zip(heads, sends)))
     done = outputs_in_host(messages, hw.host_wavelets_per_cycle)
     cycles = max([kt.end for kt in kernels] + list(done.values()) + [0])
     return Timeline(kernels, clock.flows, cycles, done)

@@ -24,8 +24,30 @@ from __future__ import annotations
 import torch
 
 from . import compiled
+from .queues import fifo
 
-__all__ = ["in_host", "outputs_in_host"]
+__all__ = ["edge_queued", "in_host", "outputs_in_host"]
+
+
+def edge_queued(
+    heads: list[torch.Tensor], sends: list[torch.Tensor], rows: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """Each output's messages' heads at the mesh's east edge once every output's messages on the same
+    mesh row (``rows``) have taken turns on that row's link off the mesh, one wavelet a cycle, in the
+    order their heads come (ties: output, block, feature). ``heads[i]`` is when output ``i``'s heads
+    would come with the row to themselves; a lone output's lanes already send one message after
+    another, so its heads stay. Two outputs of a pipelined program, made side by side, meet here::
+
+        >>> h = [torch.tensor([[0, 4]]), torch.tensor([[2]])]  # row 0: two messages of 4, then one of 3
+        >>> [t.tolist() for t in edge_queued(h, [torch.tensor([[4, 4]]), torch.tensor([[3]])],
+        ...                                  [torch.tensor([[0, 0]]), torch.tensor([[0]])])]
+        [[[0, 7]], [[4]]]
+    """
+    if len(heads) < 2:
+        return heads
+    flat = [torch.cat([t.reshape(-1).to(torch.int64) for t in ts]) for ts in (heads, sends, rows)]
+    start = fifo(flat[2], flat[0], flat[1]) - flat[1]
+    return [part.view(h.shape) for part, h in zip(start.split([h.numel() for h in heads]), heads)]
 
 
 def in_host(heads: torch.Tensor, sends: torch.Tensor, rate: float) -> torch.Tensor:
