@@ -64,6 +64,7 @@ from .memo import kept_for
 from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
 from .queues import CHUNK, NEVER, fifo, finishes
+from .ramps import shared_departs
 from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["FastClock", "simulate"]
@@ -172,6 +173,7 @@ class FastClock:
             for s in program.inputs
         }
         self.streaming = program.mode == "streaming"
+        self._producers = {k.name: k for k in program.kernels}
         if not self.streaming:
             _share_host_rows(list(self.flows.values()))
         self.prev_end = 0
@@ -235,7 +237,8 @@ class FastClock:
         among the kernel's structures (``_kept``). The values' messages that fork up or down the kernel's
         columns queue on those links together, as the reference's do (two operands of an attention
         matmul share the column they climb)."""
-        plans = [self._plan(read, kernel, blocks, b, x, y) for read in reads]
+        shared = self._shared_departs([value for value, _, _ in reads])
+        plans = [self._plan(read, kernel, blocks, b, x, y, shared.get(read[0])) for read in reads]
         queued = [p for p in plans if p.queue is not None]
         if queued:
             done = fifo(
@@ -248,8 +251,30 @@ class FastClock:
                 p.fork_head = start[p.q_at[:, None], p.k_at[None, :]]
         return [self._arrived(p) for p in plans]
 
+    def _shared_departs(self, values: list[str]) -> dict[str, torch.Tensor]:
+        """Streaming: the departures of stored values a kernel reads that leave through the same
+        ramps (``ramps.shared_departs``), by value; a value alone on its ramps is not in it."""
+        if not self.streaming:
+            return {}
+        stored = [v for v in dict.fromkeys(values) if self.flows[v].east >= 0 and self.flows[v].features > 0]
+        out: dict[str, torch.Tensor] = {}
+        for east in {self.flows[v].east for v in stored}:
+            group = [v for v in stored if self.flows[v].east == east]
+            if len(group) > 1:
+                rows0 = [self._producers[v].region.y if v in self._producers else 0 for v in group]
+                flows = [self.flows[v] for v in group]
+                out.update(zip(group, shared_departs(flows, rows0, self.t0)))
+        return out
+
     def _plan(
-        self, read: _Read, kernel: Kernel, blocks: int, b: int, x: torch.Tensor, y: torch.Tensor
+        self,
+        read: _Read,
+        kernel: Kernel,
+        blocks: int,
+        b: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        depart: torch.Tensor | None = None,
     ) -> _Plan:
         """One read's messages to ``(x, y)`` up to the column they fork on, and the queue entries of
         those that fork (``_Plan``)."""
@@ -259,7 +284,8 @@ class FastClock:
             kernel, ("arrivals", flow.features, flow.lanes) + key, lambda: self._forks(flow, feats, x, y)
         )
         q = self._source_blocks(flow, kernel, value, blocks, b)
-        depart = flow.depart(self.t0 if self.streaming else 0)
+        if depart is None:  # else: it shares its ramps with other values the kernel reads
+            depart = flow.depart(self.t0 if self.streaming else 0)
         hops = self._hops(flow, x) * hop  # to (x, lane row)
         plan = _Plan(flow, feats, q, depart, hops, rise.abs() * hop)
         if forks:  # up or down the column: queued on the busiest link the message crosses
