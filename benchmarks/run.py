@@ -11,6 +11,9 @@ Targets:
   kernel meets the situation of the first (the same departures, no input vector filtered) and the
   clock reuses its timing (``runtime/reuse.py``); the line "timed afresh" switches that off and times
   every kernel again, to show what a run whose zero pattern changes (a ReLU model) costs.
+  ``--tensor-form`` adds the same afresh run without the clock's compiled loops
+  (``runtime/compiled.py``; ``SPARSEFX_NUMBA=0``), interleaved with the others, and prints its ratio
+  to the afresh run with them.
 * **reference executor**: an MLP 256-1024-256 at 90%, batch 4, on a 16x16 mesh, in at most 60 s.
 * **realized speedup**: at 90% the linear layers' emulated speedup over the dense baseline
   (``stats.dense.linear_realized``) is at least 0.8x the ideal ``1 / (1 - s)``; the table goes over
@@ -149,6 +152,8 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         "run 64x64": on(lambda: sparsefx.run(p64, new(), device=dev)),
         "run 64x64, timed afresh": on(lambda: _afresh(p64, new(), dev)),
     }
+    if args.tensor_form:  # the same clock without its compiled loops (runtime/compiled.py)
+        fns["run 64x64, timed afresh, tensor form"] = on(_tensor_form(lambda: _afresh(p64, new(), dev)))
     if not args.skip_wse2:
         pw = program_for(args, TARGET_SPARSITY, "wse2")
         fns["run wse2"] = on(lambda: sparsefx.run(pw, new(), device=dev))
@@ -157,7 +162,7 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         fns["run wse2 pipelined"] = on(lambda: sparsefx.run(pp, new(), device=dev))
     first = {}  # a program's first run merges its matrices and derives its structures (runtime/memo.py)
     for name, fn in fns.items():
-        if name not in ("dense eager", "run 64x64, timed afresh"):
+        if name not in ("dense eager", "run 64x64, timed afresh", "run 64x64, timed afresh, tensor form"):
             gc.collect()
             t0 = time.perf_counter()
             fn()
@@ -174,6 +179,9 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     ratios = paired_ratios(samples, "dense eager")
     if "run wse2" in samples:
         ratios["run wse2 / run 64x64"] = [w / r for w, r in zip(samples["run wse2"], samples["run 64x64"])]
+    tensor, afresh = samples.get("run 64x64, timed afresh, tensor form"), samples["run 64x64, timed afresh"]
+    if tensor is not None:
+        ratios["tensor form / compiled loops, timed afresh"] = [t / c for t, c in zip(tensor, afresh)]
     summaries = {name: summarize(v) for name, v in samples.items()}
     ratio_summaries = {name: summarize(v) for name, v in ratios.items()}
     rows = [
@@ -187,6 +195,9 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         ["", "median", "IQR", "÷ dense eager [IQR]"],
         rows,
     )
+    if tensor is not None:
+        key = "tensor form / compiled loops, timed afresh"
+        console.print(f"{key}: {fmt_ci(ratio_summaries[key])} (no target)")
     checks = [("run 64x64 ÷ dense eager", "run 64x64", MAX_RUN_OVER_DENSE)]
     if "run wse2" in samples:
         checks.append(("run wse2 ÷ run 64x64", "run wse2 / run 64x64", MAX_WSE2_OVER_64))
@@ -205,6 +216,23 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         "passed": passed,
     }
     return out, passed
+
+
+def _tensor_form(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` with the clock's compiled loops switched off (``SPARSEFX_NUMBA=0``, read on every call)."""
+
+    def call() -> None:
+        before = os.environ.get("SPARSEFX_NUMBA")
+        os.environ["SPARSEFX_NUMBA"] = "0"
+        try:
+            fn()
+        finally:
+            if before is None:
+                del os.environ["SPARSEFX_NUMBA"]
+            else:
+                os.environ["SPARSEFX_NUMBA"] = before
+
+    return call
 
 
 def _afresh(program: sparsefx.DataflowProgram, inputs: tuple, device: torch.device) -> None:
@@ -406,6 +434,11 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="where the speed runs go, dense forward too (default cpu)")
     p.add_argument("--skip-speed", action="store_true", help="skip the fast executor timing")
     p.add_argument("--skip-wse2", action="store_true", help="time the 64x64 program only")
+    p.add_argument(
+        "--tensor-form",
+        action="store_true",
+        help="also time the 64x64 program afresh without the compiled loops (SPARSEFX_NUMBA=0), side by side",
+    )
     p.add_argument("--pipelined-wse2", action="store_true", help="also time the pipelined wse2 program")
     p.add_argument("--skip-reference", action="store_true", help="skip the reference executor")
     p.add_argument("--skip-sweep", action="store_true", help="skip the realized-speedup table")
