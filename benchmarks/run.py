@@ -130,6 +130,10 @@ _LOWERED: dict[str, sparsefx.DataflowProgram] = {}
 # -- 1. fast executor speed ------------------------------------------------------------------------
 
 
+TENSOR_FORM = "run 64x64, timed afresh, tensor form"
+TENSOR_RATIO = "tensor form / compiled loops, timed afresh"
+
+
 def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     model, ids = gpt(args.layers, args.vocab)  # the original module: compile prunes its own copy
     p64 = program_for(args, TARGET_SPARSITY, "64x64")
@@ -153,7 +157,7 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         "run 64x64, timed afresh": on(lambda: _afresh(p64, new(), dev)),
     }
     if args.tensor_form:  # the same clock without its compiled loops (runtime/compiled.py)
-        fns["run 64x64, timed afresh, tensor form"] = on(_tensor_form(lambda: _afresh(p64, new(), dev)))
+        fns[TENSOR_FORM] = on(_tensor_form(lambda: _afresh(p64, new(), dev)))
     if not args.skip_wse2:
         pw = program_for(args, TARGET_SPARSITY, "wse2")
         fns["run wse2"] = on(lambda: sparsefx.run(pw, new(), device=dev))
@@ -162,7 +166,7 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         fns["run wse2 pipelined"] = on(lambda: sparsefx.run(pp, new(), device=dev))
     first = {}  # a program's first run merges its matrices and derives its structures (runtime/memo.py)
     for name, fn in fns.items():
-        if name not in ("dense eager", "run 64x64, timed afresh", "run 64x64, timed afresh, tensor form"):
+        if name not in ("dense eager", "run 64x64, timed afresh", TENSOR_FORM):
             gc.collect()
             t0 = time.perf_counter()
             fn()
@@ -179,9 +183,9 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
     ratios = paired_ratios(samples, "dense eager")
     if "run wse2" in samples:
         ratios["run wse2 / run 64x64"] = [w / r for w, r in zip(samples["run wse2"], samples["run 64x64"])]
-    tensor, afresh = samples.get("run 64x64, timed afresh, tensor form"), samples["run 64x64, timed afresh"]
+    tensor, afresh = samples.get(TENSOR_FORM), samples["run 64x64, timed afresh"]
     if tensor is not None:
-        ratios["tensor form / compiled loops, timed afresh"] = [t / c for t, c in zip(tensor, afresh)]
+        ratios[TENSOR_RATIO] = [t / c for t, c in zip(tensor, afresh)]
     summaries = {name: summarize(v) for name, v in samples.items()}
     ratio_summaries = {name: summarize(v) for name, v in ratios.items()}
     rows = [
@@ -196,8 +200,7 @@ def fast_speed(args: argparse.Namespace) -> tuple[dict[str, Any], list[bool]]:
         rows,
     )
     if tensor is not None:
-        key = "tensor form / compiled loops, timed afresh"
-        console.print(f"{key}: {fmt_ci(ratio_summaries[key])} (no target)")
+        console.print(f"{TENSOR_RATIO}: {fmt_ci(ratio_summaries[TENSOR_RATIO])} (no target)")
     checks = [("run 64x64 ÷ dense eager", "run 64x64", MAX_RUN_OVER_DENSE)]
     if "run wse2" in samples:
         checks.append(("run wse2 ÷ run 64x64", "run wse2 / run 64x64", MAX_WSE2_OVER_64))

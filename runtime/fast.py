@@ -173,7 +173,7 @@ class FastClock:
             for s in program.inputs
         }
         self.streaming = program.mode == "streaming"
-        self._producers = {k.name: k for k in program.kernels}
+        self._rows0 = {k.name: k.region.y for k in program.kernels}  # each result's lane 0; inputs: 0
         if not self.streaming:
             _share_host_rows(list(self.flows.values()))
         self.prev_end = 0
@@ -261,10 +261,13 @@ class FastClock:
         for east in {self.flows[v].east for v in stored}:
             group = [v for v in stored if self.flows[v].east == east]
             if len(group) > 1:
-                rows0 = [self._producers[v].region.y if v in self._producers else 0 for v in group]
                 flows = [self.flows[v] for v in group]
-                out.update(zip(group, shared_departs(flows, rows0, self.t0)))
+                out.update(zip(group, shared_departs(flows, [self.row0(v) for v in group], self.t0)))
         return out
+
+    def row0(self, value: str) -> int:
+        """The mesh row of ``value``'s lane 0: its producer's first row (a program input: row 0)."""
+        return self._rows0.get(value, 0)
 
     def _plan(
         self,
@@ -728,15 +731,13 @@ def _simulate(clock: FastClock) -> Timeline:
     program = clock.p
     kernels = [clock.time(k) for k in program.kernels]
     hw, mesh = program.hardware, program.mesh
-    producers = {k.name: k for k in program.kernels}
     heads, sends, rows = [], [], []
     for name in program.outputs:  # each message's head reaches the mesh's east edge, then the host
         flow = clock.flows[name]
         hops = mesh.width - flow.east if flow.east >= 0 else mesh.width  # east, off the mesh
-        row0 = producers[name].region.y if name in producers else 0  # the mesh row of its lane 0
         heads.append((flow.depart() + hops * hw.hop_cycles).cpu())
         sends.append(flow.sends.cpu())
-        rows.append((row0 + flow.lane.cpu())[None, :].expand_as(heads[-1]))
+        rows.append((clock.row0(name) + flow.lane.cpu())[None, :].expand_as(heads[-1]))
     heads = edge_queued(heads, sends, rows)  # outputs that share a row share its links to the edge
     messages = dict(zip(program.outputs, zip(heads, sends)))
     done = outputs_in_host(messages, hw.host_wavelets_per_cycle)

@@ -88,16 +88,17 @@ def outputs_in_host(messages: dict[str, tuple[torch.Tensor, torch.Tensor]], rate
     dev = heads.device  # the host's tensors, made where the messages are (a clock may run elsewhere)
     sizes = [messages[n][0].numel() for n in names]
     lo, hi = (int(v) for v in torch.aminmax(heads))
-    if (hi - lo + 1) * len(names) > max(4 * len(heads), 1 << 22):
-        which = torch.repeat_interleave(torch.tensor(sizes, device=dev))
-        last = torch.zeros(len(names), dtype=torch.int64, device=dev).scatter_reduce_(
-            0, which, in_host(heads, sends, rate), "amax"
-        )
-    elif compiled.available(heads, sends):
+    binned = (hi - lo + 1) * len(names) <= max(4 * len(heads), 1 << 22)  # else too spread out for bins
+    if binned and compiled.available(heads, sends):
         last = compiled.last_in(heads, sends, sizes, lo, rate)
     else:
         which = torch.repeat_interleave(torch.tensor(sizes, device=dev))
-        last = _last_in(heads - lo, sends, which, len(names), lo, rate)
+        if binned:
+            last = _last_in(heads - lo, sends, which, len(names), lo, rate)
+        else:  # message by message
+            last = torch.zeros(len(names), dtype=torch.int64, device=dev).scatter_reduce_(
+                0, which, in_host(heads, sends, rate), "amax"
+            )
     for n, t in zip(names, last.tolist()):
         done[n] = t
     return done

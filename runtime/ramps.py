@@ -24,6 +24,8 @@ from .timeline import Flow
 
 __all__ = ["shared_departs"]
 
+_ROWS = 1 << 20  # more rows than any mesh has: ``east * _ROWS + row`` names one ramp
+
 
 def shared_departs(flows: list[Flow], rows0: list[int], t0: int) -> list[torch.Tensor]:
     """``[blocks, features]`` for each of ``flows`` (stored values sent again from ``t0``, in program
@@ -33,7 +35,7 @@ def shared_departs(flows: list[Flow], rows0: list[int], t0: int) -> list[torch.T
     ready, ramp, sends, key = [], [], [], []
     for i, (flow, row0) in enumerate(zip(flows, rows0)):
         r = flow.ready.clamp(min=t0).reshape(-1)
-        lane = (flow.east * 1_000_003 + row0 + flow.lane)[None, :].expand(flow.blocks, -1)
+        lane = (flow.east * _ROWS + row0 + flow.lane)[None, :].expand(flow.blocks, -1)
         lane = lane.reshape(-1).contiguous()
         order = torch.argsort(r, stable=True)  # the flow's own queue: ready, then block, then feature
         order = order[torch.argsort(lane[order], stable=True)]
