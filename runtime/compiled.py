@@ -31,12 +31,14 @@ import torch
 __all__ = [
     "arrivals_at",
     "available",
+    "column_sums",
     "fifo",
     "finishes",
     "last_in",
     "reach",
     "range_max_1d",
     "slowest_rows",
+    "sparse_tasks",
     "stab",
 ]
 
@@ -60,13 +62,43 @@ def finishes(
     each PE's busy cycles, and the first task's arrival (``never`` if none); ``pe`` is
     non-decreasing (pairs PE by PE). None when the sort keys (arrival, block, pair) would not fit
     in 62 bits."""
-    blocks = arr.shape[0]
+    blocks, pairs = arr.shape
+    whole, cols = torch.arange(blocks, device="cpu"), torch.zeros(pairs, dtype=torch.int64, device="cpu")
+    got = sparse_tasks(pe, arr, cost, whole, cols, None, pes, t0, never)
+    return None if got is None else got[:3]
+
+
+def sparse_tasks(
+    pe: torch.Tensor,
+    arr: torch.Tensor,
+    each: torch.Tensor,
+    size_of: torch.Tensor,
+    col: torch.Tensor,
+    sent: torch.Tensor | None,
+    pes: int,
+    t0: int,
+    never: int,
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor, int] | None:
+    """``queues.sparse_tasks`` in one compiled pass, each task's cost taken where it is needed (no
+    ``[blocks, pairs]`` cost or flags): ``finishes``' three results, then each pair's tasks over the
+    blocks, whether each block ran a task, and the messages sent. None when the sort keys would not
+    fit in 62 bits."""
+    blocks, pairs = arr.shape
     finish = _host_full((pes, blocks), t0)
     busy = _host_full(pes, 0)
-    first = _host_full(1, never)
-    if arr.numel() and not _loops()["finishes"](_np(pe), _np(arr), _np(cost), finish, busy, first):
-        return None
-    return torch.from_numpy(finish), torch.from_numpy(busy), int(first[0])
+    first = _host_full(2, never)  # the first task's arrival, then the messages sent
+    first[1] = 0
+    started = _host_full(pairs, 0)
+    data = _host_full(blocks, 0)
+    flags = np.ones((1, 1), np.bool_) if sent is None else sent.contiguous().numpy()
+    if arr.numel():
+        ints = (_np(pe), _np(arr), _np(each), _np(size_of), _np(col), flags, sent is not None)
+        if not _loops()["tasks"](*ints, finish, busy, first, started, data):
+            return None
+    messages = blocks * pairs if sent is None else int(first[1])
+    done = torch.from_numpy(data) > 0
+    finish_t, busy_t, started_t = torch.from_numpy(finish), torch.from_numpy(busy), torch.from_numpy(started)
+    return finish_t, busy_t, int(first[0]), started_t, done, messages
 
 
 def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor | None:
@@ -163,6 +195,29 @@ def reach(
     return torch.from_numpy(out)
 
 
+def column_sums(
+    arrive: torch.Tensor,
+    slowest: torch.Tensor,
+    pairs: tuple[torch.Tensor, ...],
+    columns: tuple[torch.Tensor, torch.Tensor],
+    wave: torch.Tensor,
+    height: int,
+    latest: torch.Tensor,
+    ready: torch.Tensor,
+    q0: int,
+) -> None:
+    """The column reduction's queues (``FastClock._reduce``'s loop over blocks) in one compiled pass over
+    blocks ``q0 ..`` of ``arrive`` (``[blocks, pairs]``, each held pair's sum at its lane) and ``slowest``
+    (``[blocks, segments]``). ``pairs``: each pair's column, output, segment, lane, whether its sums
+    travel, its rank on its column's bus, its lead (rows travelled, then to the edge) and its trip to the
+    edge, in cycles; ``columns``: ``ahead`` and ``idle`` (``[width, all blocks]``). Updates ``latest``
+    (``[width]``, each column bus's running start, carried from block to block) and ``ready``
+    (``[all blocks, outputs]``) in place."""
+    ints = tuple(_np(t) for t in pairs) + tuple(_np(t) for t in columns)
+    loop = _loops()["column_sums"]
+    loop(_np(arrive), _np(slowest), *ints, _np(wave), height, latest.numpy(), ready.numpy(), q0)
+
+
 def last_in(heads: torch.Tensor, sends: torch.Tensor, sizes: list[int], lo: int, rate: float) -> torch.Tensor:
     """``host._last_in`` compiled: ``[len(sizes)]`` when each output's last message is in the host
     (output ``i`` holds the next ``sizes[i]`` messages; every head at least ``lo``), from one bin per
@@ -202,7 +257,7 @@ def _loops() -> dict[str, object]:
         global _bits, _push, _sort_tail, _stab_loop  # the loops below call the compiled helpers
         _bits, _push, _sort_tail, _stab_loop = jit(_bits), jit(_push), jit(_sort_tail), jit(_stab_loop)
         _LOOPS.update(
-            finishes=jit(_finishes_loop),
+            tasks=jit(_tasks_loop),
             fifo=jit(_fifo_loop),
             arrivals_at=jit(_arrivals_loop),
             range_max_1d=jit(_range_max_loop),
@@ -210,6 +265,7 @@ def _loops() -> dict[str, object]:
             reach=jit(_reach_loop),
             encode_rows=jit(_encode_rows_loop),
             last_in=jit(_last_in_loop),
+            column_sums=jit(_column_sums_loop),
         )
     return _LOOPS
 
@@ -248,7 +304,9 @@ def _bits(x):  # pragma: no cover - runs compiled
     return b
 
 
-def _finishes_loop(pe, arr, cost, finish, busy, first):  # pragma: no cover - runs compiled
+def _tasks_loop(
+    pe, arr, each, size_of, col, sent, filtered, finish, busy, first, started, data
+):  # pragma: no cover - runs compiled
     blocks, pairs = arr.shape
     lo, hi = arr[0, 0], arr[0, 0]
     for q in range(blocks):
@@ -273,10 +331,15 @@ def _finishes_loop(pe, arr, cost, finish, busy, first):  # pragma: no cover - ru
             n1 += 1
         k, shifts = 0, 0
         for q in range(blocks):  # key: arrival, then block, then pair (the tie rule), as bit fields
+            s = size_of[q]
             for n in range(n0, n1):
                 finish[p, q] = max(finish[p, q], arr[q, n])  # every message of its columns has come
-                if cost[q, n] > 0:
+                if filtered and sent[q, col[n]]:
+                    first[1] += 1
+                if each[s, n] > 0 and (not filtered or sent[q, col[n]]):
                     first[0] = min(first[0], arr[q, n])
+                    started[n] += 1
+                    data[q] = 1
                     key = (((arr[q, n] - lo) << bq | q) << bn) | (n - n0)
                     shifts = _push(keys, k, key, shifts)
                     k += 1
@@ -285,7 +348,7 @@ def _finishes_loop(pe, arr, cost, finish, busy, first):  # pragma: no cover - ru
         for j in range(k):
             q = (keys[j] >> bn) & low_q
             n = n0 + (keys[j] & low_n)
-            c = cost[q, n]
+            c = each[size_of[q], n]
             t = max(t, arr[q, n]) + c
             total += c
             finish[p, q] = max(finish[p, q], t)
@@ -421,6 +484,44 @@ def _encode_rows_loop(finish, order, y, height, table):  # pragma: no cover - ru
     for i in range(len(order)):
         for q in range(table.shape[1]):
             table[i, q] = finish[order[i], q] * height + y[i]
+
+
+def _column_sums_loop(
+    arrive, slowest, x, o, seg, lane, moving, rank, lead, edge, ahead, idle, wave, h, latest, ready, q0
+):  # pragma: no cover - runs compiled
+    blocks, pairs = arrive.shape
+    width = len(latest)
+    never = np.int64(1) << 62
+    first_done = np.empty(width, np.int64)
+    count = np.zeros(width * h * 2, np.int64)  # sums before, per (column, slowest row, side)
+    touched = np.empty(pairs, np.int64)
+    for j in range(blocks):
+        q = q0 + j
+        w = wave[q]
+        first_done[:] = never
+        for i in range(pairs):  # the first sum that can travel on each column's bus
+            if moving[i]:
+                first_done[x[i]] = min(first_done[x[i]], arrive[j, i] - (lead[i] - edge[i]))
+        for c in range(width):  # the bus starts once done with the block before
+            latest[c] = max(latest[c], min(first_done[c], idle[c, q]) - ahead[c, q])
+        used = 0
+        for i in range(pairs):
+            if not moving[i]:  # the sum leaves from where it is
+                ready[q, o[i]] = max(ready[q, o[i]], arrive[j, i] + edge[i])
+                continue
+            row = slowest[j, seg[i]] % h
+            earlier = 0
+            if lane[i] != row:  # sums leaving one row queue on the side of it their lane is on
+                key = (x[i] * h + row) * 2 + (1 if lane[i] > row else 0)
+                earlier = count[key]
+                if earlier == 0:
+                    touched[used] = key
+                    used += 1
+                count[key] = earlier + 1
+            on_bus = ahead[x[i], q] + latest[x[i]] + rank[i] * w + lead[i]
+            ready[q, o[i]] = max(ready[q, o[i]], on_bus, earlier * w + arrive[j, i] + edge[i])
+        for u in range(used):
+            count[touched[u]] = 0
 
 
 def _last_in_loop(heads, sends, ends, lo, rate, bins, last):  # pragma: no cover - runs compiled

@@ -29,7 +29,7 @@ import torch
 
 from sparsefx.trees import to_device
 
-from . import reuse
+from . import compiled, reuse
 from .arrivals import arrivals_at
 from .blocking import (
     block_sizes,
@@ -63,7 +63,7 @@ from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
 from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
-from .queues import CHUNK, NEVER, fifo, finishes
+from .queues import CHUNK, NEVER, fifo, sparse_tasks
 from .ramps import shared_departs
 from .timeline import Flow, KernelTime, Timeline
 
@@ -444,28 +444,24 @@ class FastClock:
         feats = torch.full_like(col, self.flows[value].features - 1) if conv else col
         arr = self.arrivals([(value, feats, ("pairs", conv))], k, blocks, b, x, y)[0].clamp_(min=t0)
         live = self._input_live(k)
-        sent = None if live is None or conv else blocked(live, b)[:, col]  # None: every message sent
-        has = count > 0
-        work = has[None, :].expand(blocks, -1) if sent is None else sent & has[None, :]
+        sent = None if live is None or conv else blocked(live, b)  # [blocks, in_features]; None: all sent
         rows, size_of = torch.unique(sizes, return_inverse=True)  # a block size or two
         each = torch.stack([sparse_task_cycles(count, int(n), k.dtype, hw) for n in rows.tolist()])
-        cost = torch.where(work, each[size_of], 0)  # [blocks, pairs]; 0: no task
         # PEs without a pair are done with every block at t0: only the active ones are timed
         active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
-        finish, busy_active, first = finishes(at, arr, cost, len(active), t0)
+        finish, busy_active, first, started, data, messages = sparse_tasks(
+            at, arr, each, size_of, col, sent, len(active), t0
+        )  # started: tasks of each (PE, column) over the blocks; data: blocks where some PE ran a task
         busy = torch.zeros(r.pes, dtype=torch.int64).index_put_((active,), busy_active)
         # a block in which no PE ran a task has only zero partial sums: none is sent (zero wavelets)
-        summed = torch.where(work.any(1), wave_out, 0) if sent is not None else wave_out
+        summed = torch.where(data, wave_out, 0) if sent is not None else wave_out
         south, north, ready = self._reduce(k, s, finish, active, summed, t0)
         flow = self._out_flow(k, ready, b, wave_out)
-        started = work.sum(0)  # tasks of each (PE, column) over the blocks
         tasks = count * started  # their AXPYs
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, task_overhead(started, tasks, hw))
         adds = self._kept(k, ("merges",), lambda: self._merges(k, s))  # per block with partial sums
-        data = work.any(1)
         busy += adds * int(per_block(lambda n: partial_add_cycles(n, k.dtype, hw), sizes)[data].sum())
         overhead += task_overhead(0, adds * int(data.sum()), hw)
-        messages = blocks * len(col) if sent is None else int(sent.sum())
         axpys = int(tasks.sum())
         latest = {value: int(ready.max())} if ready.numel() else {}
         start = first if axpys else int(ready.min())
@@ -531,6 +527,7 @@ class FastClock:
         # one output per message time.
         per_block = vload[:, None] * wave_out[None, :]
         occupy = torch.cumsum(per_block, dim=1)  # [width, blocks]
+        ahead_all = occupy - per_block  # what the bus carries of the blocks before
         columns = self._kept(k, ("columns",), lambda: Columns(active, r.width, h))
         moving = travel > 0
         # An output's sum reaches its lane once every row holding a part of it is done and its part
@@ -538,7 +535,6 @@ class FastClock:
         # it). Sums held by one row leave it one message time apart: pairs with the same column and
         # rows share the slowest of those rows, found once per such segment, [blocks, segments].
         slowest = columns.slowest(finish, segments // (h * h), segments // h % h, segments % h, t0).T
-        group_seg = slowest % h + (segments // (h * h) * h)[None, :]
         holders = self._kept(k, ("holders",), lambda: Holders(s, r.width, h))
         pair_lane = lane_rank(lane_bounds(s.out_features, lanes), held_o)[0]
         step = max(1, CHUNK // max(len(held_o), 1))  # blocks at a time: bounded scratch memory
@@ -550,7 +546,19 @@ class FastClock:
         east = r.x + r.width - 1
         to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
         ready = torch.full((blocks, s.out_features), t0, dtype=torch.int64)
+        if compiled.available(finish, ready):  # the same queues, block by block in one compiled pass
+            idle = torch.where(users[:, None] > 0, NEVER, in_column)
+            edge_all = to_edge[held_x]
+            lead_all = travel * hw.hop_cycles + edge_all
+            pairs = (held_x, held_o, seg_of, pair_lane, moving, rank, lead_all, edge_all)
+            latest = torch.full((r.width,), -NEVER, dtype=torch.int64)
+            for q0, q1 in ((q, min(q + step, blocks)) for q in range(0, blocks, step)):
+                arrive = holders.reach(finish[:, q0:q1], active, t0, pair_lane, hw.hop_cycles, r.width)
+                here = slowest[q0:q1].contiguous()
+                compiled.column_sums(arrive, here, pairs, (ahead_all, idle), wave_out, h, latest, ready, q0)
+            return south, north, self._per_feature(k, s, ready)
         still, any_moving = ~moving, bool(moving.any())
+        group_seg = slowest % h + (segments // (h * h) * h)[None, :]
         edge, o_s = to_edge[held_x[still]][None, :], held_o[still][None, :]
         if any_moving:
             seg_m, x_m, o_m = seg_of[moving], held_x[moving], held_o[moving]
@@ -591,10 +599,14 @@ class FastClock:
             queued = (earlier * w).add_(arrive[:, moving]).add_(edge_m[None, :])
             torch.maximum(at, queued, out=at)
             ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
-        # an output is ready once every column holding a part of it has sent it on
-        if s.out_features != features_of(k.shape):  # a convolution's channels are not its features
-            ready = ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
-        return south, north, ready
+        return south, north, self._per_feature(k, s, ready)
+
+    @staticmethod
+    def _per_feature(k: Kernel, s: Layout, ready: torch.Tensor) -> torch.Tensor:
+        """``ready`` per output feature: a convolution's outputs are its channels, each ready once all are."""
+        if s.out_features != features_of(k.shape):
+            return ready.amax(1, keepdim=True).expand(-1, features_of(k.shape)).contiguous()
+        return ready
 
     def _merges(self, k: Kernel, s: Layout) -> torch.Tensor:
         """``[region pes]``: the partial-sum adds each PE does per block (``intervals.merges``)."""
