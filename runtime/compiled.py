@@ -34,6 +34,7 @@ __all__ = [
     "column_sums",
     "fifo",
     "finishes",
+    "lane_departs",
     "last_in",
     "reach",
     "range_max_1d",
@@ -113,6 +114,17 @@ def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.T
         if not _loops()["fifo"](_np(pe), _np(arrival), _np(cost), finish, p_lo, p_hi - p_lo + 1):
             return None
     return torch.from_numpy(finish)
+
+
+def lane_departs(ready: torch.Tensor, sends: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor | None:
+    """``Flow._queued`` compiled: ``[blocks, features]`` when each message's head leaves when every lane
+    (features ``bounds[l] .. bounds[l + 1] - 1``) sends its messages in the order they are ready, ties
+    block by block then feature by feature, ``sends`` wavelets each, one a cycle. None when the sort
+    keys would not fit in 62 bits."""
+    out = _host_full(tuple(ready.shape))
+    if ready.numel() and not _loops()["lane_departs"](_np(ready), _np(sends), _np(bounds), out):
+        return None
+    return torch.from_numpy(out)
 
 
 def arrivals_at(
@@ -260,6 +272,7 @@ def _loops() -> dict[str, object]:
             tasks=jit(_tasks_loop),
             fifo=jit(_fifo_loop),
             arrivals_at=jit(_arrivals_loop),
+            lane_departs=jit(_lane_departs_loop),
             range_max_1d=jit(_range_max_loop),
             stab=_stab_loop,
             reach=jit(_reach_loop),
@@ -394,6 +407,38 @@ def _fifo_loop(pe, arrival, cost, finish, p_lo, groups):  # pragma: no cover - r
             i = order[s + (keys[j] & low)]
             t = max(t, arrival[i]) + cost[i]
             finish[i] = t
+    return True
+
+
+def _lane_departs_loop(ready, sends, bounds, out):  # pragma: no cover - runs compiled
+    blocks, features = ready.shape
+    lo, hi = ready[0, 0], ready[0, 0]
+    for q in range(blocks):
+        for f in range(features):
+            lo, hi = min(lo, ready[q, f]), max(hi, ready[q, f])
+    most = 0
+    for lane in range(len(bounds) - 1):
+        most = max(most, bounds[lane + 1] - bounds[lane])
+    bits = _bits(blocks * most)
+    if (hi - lo + 1) >= _KEY_TOP >> bits:
+        return False
+    keys = np.empty(blocks * most, np.int64)
+    low = (1 << bits) - 1
+    for lane in range(len(bounds) - 1):
+        f0, width = bounds[lane], bounds[lane + 1] - bounds[lane]
+        k, shifts = 0, 0
+        for q in range(blocks):  # key: ready, then block, then feature (the tie rule)
+            for f in range(f0, f0 + width):
+                shifts = _push(keys, k, (ready[q, f] - lo) << bits | (q * width + f - f0), shifts)
+                k += 1
+        _sort_tail(keys, k, shifts)
+        t = lo
+        for j in range(k):
+            at = keys[j] & low
+            q, f = at // width, f0 + at % width
+            t = max(t, ready[q, f])
+            out[q, f] = t
+            t += sends[q, f]
     return True
 
 

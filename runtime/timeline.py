@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from . import compiled
 from .op_kinds import STATS_ALLREDUCE
 from .program import lane_bounds
 from .queues import fifo
@@ -138,6 +139,10 @@ class Flow:
     def _queued(self, ready: torch.Tensor) -> torch.Tensor:
         """``[blocks, features]``: when each message's head leaves if its lane sends its messages in the
         order they are ready (ties: block by block, feature by feature), one wavelet a cycle."""
+        if compiled.available(ready):
+            got = compiled.lane_departs(ready, self.sends, self.bounds)
+            if got is not None:
+                return got
         pe = self.lane[None, :].expand(self.blocks, -1).reshape(-1)
         wave = self.sends.reshape(-1)
         finish = fifo(pe, ready.reshape(-1), wave)

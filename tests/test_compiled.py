@@ -230,3 +230,19 @@ def _indices(messages: dict) -> dict:
         out[n] = torch.arange(at, at + len(h))
         at += len(h)
     return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lane_departures_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparsefx.runtime.timeline import Flow
+
+    g = torch.Generator().manual_seed(seed)
+    blocks, features, lanes = (int(torch.randint(1, n, (1,), generator=g)) for n in (9, 400, 70))
+    spread = [2, 100, 10**5][seed % 3]  # many ties ... few
+    ready = torch.randint(0, spread, (blocks, features), generator=g) + torch.arange(blocks)[:, None] * spread
+    live = None if seed % 2 else torch.rand(blocks, features, generator=g) > 0.5  # filtered: 0 or 1 wavelet
+    wave = torch.randint(1, 9, (blocks,), generator=g)
+    flow = Flow("v", "float32", features, lanes, blocks * 4, 4, wave, 3, ready, live)
+    got = flow._queued(ready)
+    monkeypatch.setenv("SPARSEFX_NUMBA", "0")
+    assert torch.equal(got, flow._queued(ready))
