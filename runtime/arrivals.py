@@ -33,15 +33,26 @@ def arrivals_at(
     hops: torch.Tensor,
     climb: torch.Tensor,
     last: torch.Tensor,
+    forked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``[len(q), len(feats)]``: when message ``(q[i], feats[n])``'s last wavelet reaches its PE (a
     filtered one's: its lane's mark, ``last[f]`` the lane's last feature). ``live`` None: every
-    message holds data."""
+    message holds data. ``forked = (start, q_at, k_of)``: the messages that forked onto a column's
+    links left them when queued there, message ``(q[i], feats[n])`` with ``k_of[n] >= 0`` at
+    ``start[q_at[i], k_of[n]]`` (a filtered one still arrives with its lane's mark)."""
     if compiled.available(depart, sends, q, feats, hops):
-        return compiled.arrivals_at(depart, sends, live, q, feats, hops, climb, last)
+        return compiled.arrivals_at(depart, sends, live, q, feats, hops, climb, last, forked)
     arrived = depart[q][:, feats].add_(hops).add_(climb).add_(sends[q][:, feats])
-    if live is None:
-        return arrived
-    end = last[feats]
-    mark = depart[q][:, end].add_(hops).add_(climb).add_(sends[q][:, end])
-    return torch.where(live[q][:, feats], arrived, mark)
+    if live is not None:
+        end = last[feats]
+        mark = depart[q][:, end].add_(hops).add_(climb).add_(sends[q][:, end])
+        arrived = torch.where(live[q][:, feats], arrived, mark)
+    if forked is not None:
+        start, q_at, k_of = forked
+        at = (k_of >= 0).nonzero().squeeze(1)
+        fed = feats[at]
+        moved = start[q_at[:, None], k_of[at][None, :]].add_(climb[None, at]).add_(sends[q][:, fed])
+        if live is not None:
+            moved = torch.where(live[q][:, fed], moved, arrived[:, at])
+        arrived[:, at] = moved
+    return arrived

@@ -136,12 +136,17 @@ def arrivals_at(
     hops: torch.Tensor,
     climb: torch.Tensor,
     last: torch.Tensor,
+    forked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``arrivals.arrivals_at`` in one compiled pass over the ``[len(q), len(feats)]`` messages."""
     out = _host_full((len(q), len(feats)))
     flags = np.ones((1, 1), np.bool_) if live is None else live.contiguous().numpy()
     ints = (_np(q), _np(feats), _np(hops), _np(climb), _np(last))
-    _loops()["arrivals_at"](_np(depart), _np(sends), flags, live is not None, *ints, out)
+    if forked is None:
+        fork = (np.zeros((1, 1), np.int64), np.zeros(1, np.int64), np.full(len(feats), -1, np.int64))
+    else:
+        fork = tuple(_np(t) for t in forked)
+    _loops()["arrivals_at"](_np(depart), _np(sends), flags, live is not None, *ints, *fork, out)
     return torch.from_numpy(out)
 
 
@@ -442,13 +447,18 @@ def _lane_departs_loop(ready, sends, bounds, out):  # pragma: no cover - runs co
     return True
 
 
-def _arrivals_loop(depart, sends, live, filtered, q, feats, hops, climb, last, out):  # pragma: no cover
+def _arrivals_loop(
+    depart, sends, live, filtered, q, feats, hops, climb, last, start, q_at, k_of, out
+):  # pragma: no cover - runs compiled
     for i in range(len(q)):
         d, w = depart[q[i]], sends[q[i]]
         for n in range(len(feats)):
             f = feats[n]
             if filtered and not live[q[i], f]:
                 f = last[f]  # the lane's end-of-block mark
+            elif k_of[n] >= 0:  # it forked onto a column's links and left them when queued there
+                out[i, n] = start[q_at[i], k_of[n]] + climb[n] + w[f]
+                continue
             out[i, n] = d[f] + hops[n] + climb[n] + w[f]
 
 

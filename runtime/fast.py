@@ -125,7 +125,7 @@ class _Plan:
     """A value's messages to a kernel's PEs before the column links (``FastClock._plan``): when they
     leave and their hops to the column, and the entries of those that fork onto the column's links
     (``queue``, one link id per entry; None when none fork), with where their queued starts go back
-    (``q_at``, ``k_at``, ``fork_at``; ``fork_head``, once queued: the heads of those that fork)."""
+    (``q_at``, ``k_of``; ``fork_start``, once queued: when each forking message left its queue)."""
 
     flow: Flow
     feats: torch.Tensor
@@ -137,9 +137,8 @@ class _Plan:
     at_column: torch.Tensor | None = None
     cost: torch.Tensor | None = None
     q_at: torch.Tensor | None = None
-    k_at: torch.Tensor | None = None
-    fork_at: torch.Tensor | None = None
-    fork_head: torch.Tensor | None = None
+    k_of: torch.Tensor | None = None
+    fork_start: torch.Tensor | None = None
 
 
 class FastClock:
@@ -247,8 +246,7 @@ class FastClock:
                 torch.cat([p.cost.reshape(-1) for p in queued]),
             )
             for p, d in zip(queued, torch.split(done, [p.cost.numel() for p in queued])):
-                start = d.reshape(p.cost.shape) - p.cost
-                p.fork_head = start[p.q_at[:, None], p.k_at[None, :]]
+                p.fork_start = d.reshape(p.cost.shape) - p.cost
         return [self._arrived(p) for p in plans]
 
     def _shared_departs(self, values: list[str]) -> dict[str, torch.Tensor]:
@@ -283,7 +281,7 @@ class FastClock:
         those that fork (``_Plan``)."""
         value, feats, key = read
         flow, hop = self.flows[value], self.hw.hop_cycles
-        rise, forks, fork_at, k_at, pair, queue = self._kept(  # pair: the fork that queues for a message
+        rise, forks, k_of, pair, queue = self._kept(  # pair: the fork that queues for a message
             kernel, ("arrivals", flow.features, flow.lanes) + key, lambda: self._forks(flow, feats, x, y)
         )
         q = self._source_blocks(flow, kernel, value, blocks, b)
@@ -299,40 +297,35 @@ class FastClock:
             plan.at_column = depart[qs][:, sent].add_(hops[None, pair])  # [source blocks, column messages]
             plan.cost = flow.sends[qs][:, sent]  # a filtered message (0 wavelets) does not queue
             plan.queue = queue[None, :].expand_as(plan.at_column).reshape(-1)
-            plan.q_at, plan.k_at, plan.fork_at = q_at, k_at, fork_at
+            plan.q_at, plan.k_of = q_at, k_of
         return plan
 
     @staticmethod
     def _arrived(plan: _Plan) -> torch.Tensor:
         """When each planned message's last wavelet reaches its PE (a filtered one: its lane's mark)."""
-        flow, q, feats = plan.flow, plan.q, plan.feats
-        arrived = arrivals_at(plan.depart, flow.sends, flow.live, q, feats, plan.hops, plan.climb, flow.last)
-        if plan.fork_head is not None:  # the messages that forked onto a column link left it when queued
-            at = plan.fork_at
-            fed = feats[at]
-            moved = plan.fork_head.add_(plan.climb[None, at]).add_(flow.sends[q][:, fed])
-            if flow.live is not None:  # a filtered one still arrives with its lane's mark
-                moved = torch.where(flow.live[q][:, fed], moved, arrived[:, at])
-            arrived[:, at] = moved
-        return arrived
+        flow = plan.flow
+        forked = None if plan.fork_start is None else (plan.fork_start, plan.q_at, plan.k_of)
+        args = (plan.depart, flow.sends, flow.live, plan.q, plan.feats, plan.hops, plan.climb, flow.last)
+        return arrivals_at(*args, forked)
 
     def _forks(self, flow: Flow, feats: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple:
         """How messages reach their PEs, whatever their times: each PE's rows from the lane (``rise``);
-        whether any fork up or down a column, which do (``fork_at``), one entry per message on a
-        column and direction (``k_at``: each fork's message; a fork of each message), and the queue of
-        the busiest link each message crosses."""
+        whether any fork up or down a column, one entry per message on a column and direction
+        (``k_of[n]``: the entry of PE ``n``'s message, -1 where it does not fork; ``pair``: a PE of each
+        entry), and the queue of the busiest link each entry crosses."""
         lane, _ = lane_rank(flow.bounds, feats)
         rise = y - lane
         at = (rise != 0).nonzero().squeeze(1)
         if len(at) == 0:
-            return rise, False, at, at, at, at
+            return rise, False, at, at, at
         buses = 2 * self.p.mesh.width + 2
         bus = x[at] * 2 + (rise[at] > 0).to(torch.int64)  # a column and a direction
         keys, k_at = torch.unique(feats[at] * buses + bus, return_inverse=True)  # one message each
         pair = torch.zeros(len(keys), dtype=torch.int64).scatter_(0, k_at, torch.arange(len(k_at)))
         far = torch.zeros(len(keys), dtype=torch.int64).scatter_reduce(0, k_at, rise[at].abs(), "amax")
         queue = busiest_link(keys % buses, lane[at][pair], far, self.p.mesh.height)
-        return rise, True, at, k_at, at[pair], queue
+        k_of = torch.full_like(feats, -1).index_put_((at,), k_at)
+        return rise, True, k_of, at[pair], queue
 
     # -- kernels --------------------------------------------------------------------------------------
 

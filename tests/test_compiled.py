@@ -97,7 +97,14 @@ def test_arrivals_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPat
     pairs = int(torch.randint(1, 2000, (1,), generator=g))
     feats = torch.randint(0, features, (pairs,), generator=g)
     hops, climb = torch.randint(0, 60, (pairs,), generator=g), torch.randint(0, 60, (pairs,), generator=g)
-    args = (depart, sends, live, q, feats, hops, climb, last)
+    forked = None
+    if seed % 2:  # some messages forked onto a column's links and left them when queued there
+        keys = int(torch.randint(1, 50, (1,), generator=g))
+        start = torch.randint(0, 10**5, (blocks, keys), generator=g)
+        k_of = torch.randint(0, keys, (pairs,), generator=g)
+        k_of = torch.where(torch.rand(pairs, generator=g) > 0.5, k_of, -1)
+        forked = (start, torch.randint(0, blocks, (len(q),), generator=g), k_of)
+    args = (depart, sends, live, q, feats, hops, climb, last, forked)
     assert torch.equal(arrivals_at(*args), _tensor_form(monkeypatch, arrivals_at, *args))
 
 
