@@ -35,6 +35,7 @@ __all__ = [
     "fifo",
     "finishes",
     "lane_departs",
+    "lane_starts",
     "last_in",
     "reach",
     "range_max_1d",
@@ -124,6 +125,16 @@ def lane_departs(ready: torch.Tensor, sends: torch.Tensor, bounds: torch.Tensor)
     out = _host_full(tuple(ready.shape))
     if ready.numel() and not _loops()["lane_departs"](_np(ready), _np(sends), _np(bounds), out):
         return None
+    return torch.from_numpy(out)
+
+
+def lane_starts(sends: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """``Flow.waiting``'s departures compiled: ``[blocks, features]`` when each message's head leaves,
+    counted from the start, if every message waits at it and each lane (features ``bounds[l] ..
+    bounds[l + 1] - 1``) sends its own in order, block by block, ``sends`` wavelets each."""
+    out = _host_full(tuple(sends.shape))
+    if sends.numel():
+        _loops()["lane_starts"](_np(sends), _np(bounds), out)
     return torch.from_numpy(out)
 
 
@@ -278,6 +289,7 @@ def _loops() -> dict[str, object]:
             fifo=jit(_fifo_loop),
             arrivals_at=jit(_arrivals_loop),
             lane_departs=jit(_lane_departs_loop),
+            lane_starts=jit(_lane_starts_loop),
             range_max_1d=jit(_range_max_loop),
             stab=_stab_loop,
             reach=jit(_reach_loop),
@@ -445,6 +457,16 @@ def _lane_departs_loop(ready, sends, bounds, out):  # pragma: no cover - runs co
             out[q, f] = t
             t += sends[q, f]
     return True
+
+
+def _lane_starts_loop(sends, bounds, out):  # pragma: no cover - runs compiled
+    blocks = sends.shape[0]
+    for lane in range(len(bounds) - 1):
+        t = 0
+        for q in range(blocks):
+            for f in range(bounds[lane], bounds[lane + 1]):
+                out[q, f] = t
+                t += sends[q, f]
 
 
 def _arrivals_loop(

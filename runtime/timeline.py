@@ -125,7 +125,7 @@ class Flow:
         value that a streaming-mode kernel reads in its own step is sent again then)."""
         if t0 not in self._departs:
             if self.waits(t0):
-                self._departs[t0] = self.waiting()[0] + t0
+                self._departs[t0] = self._waiting() + t0
             elif self.ready.numel() and t0 <= (first := int(self.ready.min())):
                 # nothing is held back by t0: the lanes' queues move with ``ready``, so the departures
                 # counted from the first message serve every moved copy (``reuse.moved``)
@@ -156,15 +156,23 @@ class Flow:
         """Departures, counted from the start, of messages all waiting at it (each lane sends its own in
         order, block by block), and their ``digest``; they depend on the wavelets and lanes alone, so
         a moved copy shares them."""
+        if "digest" not in self._shared:
+            self._shared["digest"] = digest(self._waiting())
+        return self._shared["start"], self._shared["digest"]
+
+    def _waiting(self) -> torch.Tensor:
+        """``waiting``'s departures alone (the digest is taken only when asked for)."""
         if "start" not in self._shared:
             sends, lane, first = self.sends, self.lane, self.bounds[:-1]
+            if compiled.available(sends):
+                self._shared["start"] = compiled.lane_starts(sends, self.bounds)
+                return self._shared["start"]
             within = torch.cumsum(sends, 1) - sends  # sent before it in its block, every lane
             within = within - within[:, first[lane]]  # ... in its own lane
             per_lane = torch.zeros((self.blocks, self.lanes), dtype=torch.int64).index_add_(1, lane, sends)
             before = torch.cumsum(per_lane, 0) - per_lane  # the lane's earlier blocks
-            start = before[:, lane] + within
-            self._shared.update(start=start, digest=digest(start))
-        return self._shared["start"], self._shared["digest"]
+            self._shared["start"] = before[:, lane] + within
+        return self._shared["start"]
 
     @property
     def done(self) -> int:

@@ -249,7 +249,11 @@ def test_lane_departures_match_the_tensor_form(seed: int, monkeypatch: pytest.Mo
     ready = torch.randint(0, spread, (blocks, features), generator=g) + torch.arange(blocks)[:, None] * spread
     live = None if seed % 2 else torch.rand(blocks, features, generator=g) > 0.5  # filtered: 0 or 1 wavelet
     wave = torch.randint(1, 9, (blocks,), generator=g)
-    flow = Flow("v", "float32", features, lanes, blocks * 4, 4, wave, 3, ready, live)
-    got = flow._queued(ready)
+    def flow() -> Flow:
+        return Flow("v", "float32", features, lanes, blocks * 4, 4, wave, 3, ready, live)
+
+    got, waiting = flow()._queued(ready), flow().waiting()
     monkeypatch.setenv("SPARSEFX_NUMBA", "0")
-    assert torch.equal(got, flow._queued(ready))
+    assert torch.equal(got, flow()._queued(ready))
+    want = flow().waiting()  # every message waiting at the start: each lane in order
+    assert torch.equal(waiting[0], want[0]) and waiting[1] == want[1]
