@@ -402,9 +402,15 @@ class FastClock:
 
     def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor, torch.Tensor]:
         """Rows per block, blocks, each block's rows and each block's wavelets per message."""
-        b = block_rows(k)
-        sizes = block_sizes(rows_of(k.shape), b)
-        return b, len(sizes), sizes, self.waves(sizes, k.dtype)
+
+        def build() -> tuple[int, int, torch.Tensor, torch.Tensor]:
+            b = block_rows(k)
+            sizes = block_sizes(rows_of(k.shape), b)
+            return b, len(sizes), sizes, self.waves(sizes, k.dtype)
+
+        # kept by what sets them: the rows, the rows per block, the dtype and the wavelet size
+        key = ("blocks", rows_of(k.shape), block_rows(k), k.dtype, self.hw.wavelet_bytes)
+        return self._kept(k, key, build)
 
     def _constant(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         zeros = torch.zeros(k.region.pes, dtype=torch.int64)
@@ -647,16 +653,24 @@ class FastClock:
         travel = torch.maximum(lane - ymin, ymax - lane).clamp(min=0)
         return south.cumsum(1)[:, : r.height], north.cumsum(1)[:, 1 : r.height + 1], px, o, travel, ymin, ymax
 
+    def _dense_geometry(self, k: Kernel) -> tuple[torch.Tensor, ...]:
+        """Where a kernel without stored weights works on each feature: the features, each one's PE
+        column and row on the mesh and PE in the region, and its trip to the region's east edge
+        (``[1, features]`` cycles)."""
+        r, f = k.region, features_of(k.shape)
+        feats = torch.arange(f)
+        lane, rank = lane_rank(lane_bounds(f, kernel_lanes(k, f)), feats)
+        px, py = r.x + rank % r.width, r.y + lane
+        to_east = ((r.x + r.width - 1 - px) * self.hw.hop_cycles)[None, :]
+        return feats, px, py, lane * r.width + rank % r.width, to_east
+
     def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
         b, blocks, sizes, wave = self._blocks(k)
         f = features_of(k.shape)
         lanes = kernel_lanes(k, f)
-        feats = torch.arange(f)
-        lane, rank = lane_rank(lane_bounds(f, lanes), feats)
-        px = r.x + rank % r.width
-        py = r.y + lane
-        pe_local = lane * r.width + rank % r.width
+        key = ("dense geometry", self.hw.hop_cycles)
+        feats, px, py, pe_local, to_east = self._kept(k, key, lambda: self._dense_geometry(k))
         arr = torch.full((blocks, f), t0, dtype=torch.int64)
         latest: dict[str, int] = {}
         heard = torch.zeros((blocks, f), dtype=torch.bool)  # some input message of the task has data
@@ -684,9 +698,8 @@ class FastClock:
         extra = 0
         if op_kind(k.op).allreduces_stats and lanes > 1:
             extra = allreduce_cycles(lanes, hw)
-        east = r.x + r.width - 1
         done = fin.amax(dim=1, keepdim=True) + extra if extra else fin  # the all-reduce: a barrier
-        flow = self._out_flow(k, done + ((east - px) * hw.hop_cycles)[None, :], b, wave)
+        flow = self._out_flow(k, done + to_east, b, wave)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         ran = (cost_b > 0).reshape(-1).to(torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(
