@@ -89,7 +89,9 @@ class Flow:
     @property
     def bounds(self) -> torch.Tensor:
         """``lane_bounds`` of the value's features."""
-        return lane_bounds(self.features, self.lanes)
+        if "bounds" not in self._shared:
+            self._shared["bounds"] = lane_bounds(self.features, self.lanes)
+        return self._shared["bounds"]
 
     @property
     def lane(self) -> torch.Tensor:
