@@ -31,6 +31,7 @@ import torch
 __all__ = [
     "arrivals_at",
     "available",
+    "busiest_rows",
     "column_sums",
     "fifo",
     "finishes",
@@ -170,6 +171,19 @@ def range_max_1d(values: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> to
     return torch.from_numpy(out)
 
 
+def busiest_rows(
+    at: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, buses: int, height: int
+) -> torch.Tensor:
+    """``intervals.busiest_link``'s rows compiled: for messages crossing rows ``lo..hi`` of bus ``at``
+    (``0 .. buses - 1``), the row of each one's busiest link, counting every message's rows (ties: the
+    last row), from one grid of loads built in place and one sparse table over it."""
+    table = _host_full((buses * height, 1), 0)
+    out = _host_full((len(at), 1))
+    if len(at):
+        _loops()["busiest_rows"](_np(at), _np(lo), _np(hi), height, table, out)
+    return torch.from_numpy(out[:, 0] % height)
+
+
 def slowest_rows(
     finish: torch.Tensor,
     order: torch.Tensor,
@@ -282,15 +296,17 @@ def _loops() -> dict[str, object]:
         import numba
 
         jit = numba.njit(cache=True, nogil=True)
-        global _bits, _push, _sort_tail, _stab_loop  # the loops below call the compiled helpers
+        global _bits, _push, _sort_tail, _stab_loop, _range_max_loop  # loops below call these compiled
         _bits, _push, _sort_tail, _stab_loop = jit(_bits), jit(_push), jit(_sort_tail), jit(_stab_loop)
+        _range_max_loop = jit(_range_max_loop)
         _LOOPS.update(
             tasks=jit(_tasks_loop),
             fifo=jit(_fifo_loop),
             arrivals_at=jit(_arrivals_loop),
             lane_departs=jit(_lane_departs_loop),
             lane_starts=jit(_lane_starts_loop),
-            range_max_1d=jit(_range_max_loop),
+            range_max_1d=_range_max_loop,
+            busiest_rows=jit(_busiest_rows_loop),
             stab=_stab_loop,
             reach=jit(_reach_loop),
             encode_rows=jit(_encode_rows_loop),
@@ -484,6 +500,23 @@ def _arrivals_loop(
             out[i, n] = d[f] + hops[n] + climb[n] + w[f]
 
 
+def _busiest_rows_loop(at, lo, hi, height, table, out):  # pragma: no cover - runs compiled
+    buses = table.shape[0] // height
+    load = np.zeros(buses * (height + 1), np.int64)
+    for m in range(len(at)):  # each message adds one to the links of its rows
+        load[at[m] * (height + 1) + lo[m]] += 1
+        load[at[m] * (height + 1) + hi[m] + 1] -= 1
+    for b in range(buses):
+        run = 0
+        for r in range(height):
+            run += load[b * (height + 1) + r]
+            table[b * height + r, 0] = run * height + r  # the load, ties to the last row
+    first, last = np.empty(len(at), np.int64), np.empty(len(at), np.int64)
+    for m in range(len(at)):
+        first[m], last[m] = at[m] * height + lo[m], at[m] * height + hi[m]
+    _range_max_loop(table, first, last, out)
+
+
 def _range_max_loop(table, lo, hi, out):  # pragma: no cover - runs compiled
     n, blocks = table.shape
     level = np.empty(len(lo), np.int64)
@@ -508,6 +541,17 @@ def _range_max_loop(table, lo, hi, out):  # pragma: no cover - runs compiled
 def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
     n, blocks = best.shape
     ranges = len(a)
+    covered = 0
+    for i in range(ranges):
+        covered += b[i] - a[i]
+    if covered <= 2 * ranges + n:  # short ranges: each marks its indices directly
+        for i in range(ranges):
+            for at in range(a[i], b[i]):
+                for q in range(blocks):
+                    v = value[i, q]
+                    if (v > best[at, q]) if largest else (v < best[at, q]):
+                        best[at, q] = v
+        return
     # every range is two runs of 2^j indices (j = floor(log2(length))); from the longest level down,
     # a level's runs take the marks of the ranges of that level, then pass them to the halves below
     level = np.empty(ranges, np.int64)

@@ -25,6 +25,8 @@ def busiest_link(bus: torch.Tensor, lane: torch.Tensor, far: torch.Tensor, heigh
     lo = torch.where(south, lane, lane - far + 1)
     hi = torch.where(south, lane + far - 1, lane)
     used, at = torch.unique(bus, return_inverse=True)  # only the buses some message takes
+    if compiled.available(bus, lane, far):
+        return bus * height + compiled.busiest_rows(at, lo, hi, len(used), height)
     load = torch.zeros((height + 1, len(used)), dtype=torch.int64)
     load.index_put_((lo, at), torch.ones_like(lo), accumulate=True)
     load.index_put_((hi + 1, at), -torch.ones_like(lo), accumulate=True)

@@ -257,3 +257,19 @@ def test_lane_departures_match_the_tensor_form(seed: int, monkeypatch: pytest.Mo
     assert torch.equal(got, flow()._queued(ready))
     want = flow().waiting()  # every message waiting at the start: each lane in order
     assert torch.equal(waiting[0], want[0]) and waiting[1] == want[1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_busiest_links_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparsefx.runtime.intervals import busiest_link
+
+    g = torch.Generator().manual_seed(seed)
+    height, messages = (int(torch.randint(1, n, (1,), generator=g)) for n in (120, 3000))
+    bus = torch.randint(0, [3, 40, 400][seed % 3], (messages,), generator=g) * 2
+    bus += torch.randint(0, 2, (messages,), generator=g)  # + 1: going south
+    lane = torch.randint(0, height, (messages,), generator=g)
+    south = bus % 2 == 1
+    room = torch.where(south, height - lane, lane + 1)  # a message stays on the mesh's rows
+    far = 1 + (torch.rand(messages, generator=g) * room).long().clamp(max=room - 1)
+    args = (bus, lane, far, height)
+    assert torch.equal(busiest_link(*args), _tensor_form(monkeypatch, busiest_link, *args))
