@@ -193,14 +193,10 @@ def slowest_rows(
     hi: torch.Tensor,
 ) -> torch.Tensor:
     """``Columns.slowest``'s ranges compiled: ``[ranges, blocks]`` the largest ``finish[order[i], q] *
-    height + y[i]`` over ``i`` in ``lo..hi`` (inclusive, non-empty), without a gathered copy of
-    ``finish``."""
-    table = _host_full((len(order), finish.shape[1]))
+    height + y[i]`` over ``i`` in ``lo..hi`` (inclusive, non-empty), from one sparse table."""
     out = _host_full((len(lo), finish.shape[1]))
-    loops = _loops()
-    loops["encode_rows"](_np(finish), _np(order), _np(y), height, table)
     if len(lo):
-        loops["range_max_1d"](table, _np(lo), _np(hi), out)
+        _loops()["slowest"](_np(finish), _np(order), _np(y), height, _np(lo), _np(hi), out)
     return torch.from_numpy(out)
 
 
@@ -296,9 +292,9 @@ def _loops() -> dict[str, object]:
         import numba
 
         jit = numba.njit(cache=True, nogil=True)
-        global _bits, _push, _sort_tail, _stab_loop, _range_max_loop  # loops below call these compiled
-        _bits, _push, _sort_tail, _stab_loop = jit(_bits), jit(_push), jit(_sort_tail), jit(_stab_loop)
-        _range_max_loop = jit(_range_max_loop)
+        global _bits, _push, _sort_tail, _range_max_loop, _stab_plan, _stab_marks  # called by the loops
+        _bits, _push, _sort_tail = jit(_bits), jit(_push), jit(_sort_tail)
+        _range_max_loop, _stab_plan, _stab_marks = jit(_range_max_loop), jit(_stab_plan), jit(_stab_marks)
         _LOOPS.update(
             tasks=jit(_tasks_loop),
             fifo=jit(_fifo_loop),
@@ -307,9 +303,9 @@ def _loops() -> dict[str, object]:
             lane_starts=jit(_lane_starts_loop),
             range_max_1d=_range_max_loop,
             busiest_rows=jit(_busiest_rows_loop),
-            stab=_stab_loop,
+            stab=jit(_stab_loop),
             reach=jit(_reach_loop),
-            encode_rows=jit(_encode_rows_loop),
+            slowest=jit(_slowest_loop),
             last_in=jit(_last_in_loop),
             column_sums=jit(_column_sums_loop),
         )
@@ -539,12 +535,27 @@ def _range_max_loop(table, lo, hi, out):  # pragma: no cover - runs compiled
 
 
 def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
-    n, blocks = best.shape
+    level, order, direct = _stab_plan(a, b, best.shape[0])
+    _stab_marks(a, b, level, order, direct, value, best, largest)
+
+
+def _stab_plan(a, b, n):  # pragma: no cover - runs compiled
+    """How ``_stab_marks`` takes ranges ``a[i] .. b[i] - 1`` of ``n`` indices, whatever the values: each
+    range's level (floor(log2(length))), the ranges by level, and whether they are short enough to
+    mark their indices directly (the sparse table's levels cost more there)."""
     ranges = len(a)
     covered = 0
+    level = np.empty(ranges, np.int64)
     for i in range(ranges):
         covered += b[i] - a[i]
-    if covered <= 2 * ranges + n:  # short ranges: each marks its indices directly
+        level[i] = _bits(b[i] - a[i] + 1) - 1
+    return level, np.argsort(level, kind="mergesort"), covered <= 2 * ranges + n
+
+
+def _stab_marks(a, b, level, order, direct, value, best, largest):  # pragma: no cover - runs compiled
+    n, blocks = best.shape
+    ranges = len(a)
+    if direct:
         for i in range(ranges):
             for at in range(a[i], b[i]):
                 for q in range(blocks):
@@ -554,10 +565,6 @@ def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
         return
     # every range is two runs of 2^j indices (j = floor(log2(length))); from the longest level down,
     # a level's runs take the marks of the ranges of that level, then pass them to the halves below
-    level = np.empty(ranges, np.int64)
-    for i in range(ranges):
-        level[i] = _bits(b[i] - a[i] + 1) - 1
-    order = np.argsort(level, kind="mergesort")
     empty = best[0, 0]  # ``best`` comes filled with ``empty``
     cur, below = best.copy(), np.empty_like(best)  # a level and the one below, swapped as they go
     r = ranges - 1
@@ -585,26 +592,35 @@ def _stab_loop(a, b, value, best, largest):  # pragma: no cover - runs compiled
     best[:, :] = cur
 
 
+_CHUNK_BLOCKS = 8  # blocks a loop takes at a time: a cache line of each row, the rest in cache
+
+
 def _reach_loop(finish, at, t0, y, a, b, segments, segment, span, out):  # pragma: no cover
     blocks, keys = out.shape
-    value = np.empty((len(at), 2 * blocks), np.int64)  # each interval's finish - y, then finish + y
-    for i in range(len(at)):
-        for q in range(blocks):
-            done = t0 if at[i] < 0 else finish[at[i], q]
-            value[i, q] = done - y[i]
-            value[i, blocks + q] = done + y[i]
-    both = np.full((segments, 2 * blocks), -(1 << 62), np.int64)
-    _stab_loop(a, b, value, both, True)
-    for q in range(blocks):
-        for k in range(keys):
-            s = segment[k]
-            out[q, k] = max(both[s, q] + span[k], both[s, blocks + q] - span[k])
+    level, order, direct = _stab_plan(a, b, segments)
+    for q0 in range(0, blocks, _CHUNK_BLOCKS):
+        m = min(_CHUNK_BLOCKS, blocks - q0)
+        value = np.empty((len(at), 2 * m), np.int64)  # each interval's finish - y, then finish + y
+        for i in range(len(at)):
+            for c in range(m):
+                done = t0 if at[i] < 0 else finish[at[i], q0 + c]
+                value[i, c] = done - y[i]
+                value[i, m + c] = done + y[i]
+        both = np.full((segments, 2 * m), -(1 << 62), np.int64)
+        _stab_marks(a, b, level, order, direct, value, both, True)
+        for c in range(m):
+            for k in range(keys):
+                s = segment[k]
+                out[q0 + c, k] = max(both[s, c] + span[k], both[s, m + c] - span[k])
 
 
-def _encode_rows_loop(finish, order, y, height, table):  # pragma: no cover - runs compiled
+def _slowest_loop(finish, order, y, height, lo, hi, out):  # pragma: no cover - runs compiled
+    blocks = finish.shape[1]
+    table = np.empty((len(order), blocks), np.int64)  # rows of every block side by side: one SIMD pass
     for i in range(len(order)):
-        for q in range(table.shape[1]):
+        for q in range(blocks):
             table[i, q] = finish[order[i], q] * height + y[i]
+    _range_max_loop(table, lo, hi, out)
 
 
 def _column_sums_loop(
