@@ -38,6 +38,7 @@ __all__ = [
     "lane_departs",
     "lane_starts",
     "last_in",
+    "merge_order",
     "reach",
     "range_max_1d",
     "slowest_rows",
@@ -184,6 +185,28 @@ def busiest_rows(
     return torch.from_numpy(out[:, 0] % height)
 
 
+def merge_order(
+    nz_ptr: torch.Tensor,
+    col_off: torch.Tensor,
+    col_ptr: torch.Tensor,
+    row_idx: torch.Tensor,
+    in_lo: torch.Tensor,
+    out_lo: torch.Tensor,
+    span: torch.Tensor,
+    out_features: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | int:
+    """``sparse_eval._merge``'s indices in one compiled pass over the PEs' slices: each nonzero's input
+    feature and output, and the nonzeros ordered by output, PE by PE and in input order within a PE
+    (a stable counting sort). A PE whose row index leaves its output range: that PE's index."""
+    nnz = len(row_idx)
+    feature, output, order = _host_full(nnz), _host_full(nnz), _host_full(nnz)
+    ints = tuple(_np(t) for t in (nz_ptr, col_off, col_ptr, row_idx, in_lo, out_lo, span))
+    bad = _loops()["merge_order"](*ints, out_features, feature, output, order)
+    if bad >= 0:
+        return int(bad)
+    return torch.from_numpy(feature), torch.from_numpy(output), torch.from_numpy(order)
+
+
 def slowest_rows(
     finish: torch.Tensor,
     order: torch.Tensor,
@@ -303,6 +326,7 @@ def _loops() -> dict[str, object]:
             lane_starts=jit(_lane_starts_loop),
             range_max_1d=_range_max_loop,
             busiest_rows=jit(_busiest_rows_loop),
+            merge_order=jit(_merge_order_loop),
             stab=jit(_stab_loop),
             reach=jit(_reach_loop),
             slowest=jit(_slowest_loop),
@@ -511,6 +535,31 @@ def _busiest_rows_loop(at, lo, hi, height, table, out):  # pragma: no cover - ru
     for m in range(len(at)):
         first[m], last[m] = at[m] * height + lo[m], at[m] * height + hi[m]
     _range_max_loop(table, first, last, out)
+
+
+def _merge_order_loop(
+    nz_ptr, col_off, col_ptr, row_idx, in_lo, out_lo, span, out_features, feature, output, order
+):  # pragma: no cover - runs compiled
+    pes = len(nz_ptr) - 1
+    wrap = max(out_features, 1)
+    counts = np.zeros(wrap + 1, np.int64)
+    for p in range(pes):
+        n0, e0, e1 = nz_ptr[p], col_off[p], col_off[p + 1]
+        for e in range(e0, e1 - 1):  # every entry but a PE's last opens a column
+            for j in range(n0 + col_ptr[e], n0 + col_ptr[e + 1]):
+                feature[j] = in_lo[p] + e - e0
+        for j in range(n0, nz_ptr[p + 1]):
+            r = row_idx[j]
+            if r < 0 or r >= span[p]:
+                return p
+            output[j] = (out_lo[p] + r) % wrap
+            counts[output[j] + 1] += 1
+    for o in range(wrap):
+        counts[o + 1] += counts[o]
+    for j in range(len(output)):  # stable: PE by PE, input order within a PE, for each output
+        order[counts[output[j]]] = j
+        counts[output[j]] += 1
+    return -1
 
 
 def _range_max_loop(table, lo, hi, out):  # pragma: no cover - runs compiled

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from sparsefx.errors import EmulationError
 
+from . import compiled
 from .memo import kept
 from .program import lane_bounds
 
@@ -190,6 +191,24 @@ def _group_indices(s: Slices, p0: int, p1: int) -> tuple[torch.Tensor, torch.Ten
     return feature, output
 
 
+def _indices(s: Slices) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each nonzero's input feature and output, and the nonzeros by output: PE by PE and in input order
+    within a PE (``_merged``). A row index outside its PE's output range is an ``EmulationError``."""
+    if compiled.available(s.nz_ptr, s.row_idx):
+        args = (s.nz_ptr, s.col_ptr_off, s.col_ptr, s.row_idx, s.in_lo, s.out_lo, s.span, s.out_features)
+        got = compiled.merge_order(*args)
+        if isinstance(got, int):
+            raise EmulationError(f"{s.where}: a row index of PE {got} leaves its PE's output range")
+        return got
+    features, outputs = [], []
+    for p0, p1 in _groups(s):
+        feature, output = _group_indices(s, p0, p1)
+        features.append(feature)
+        outputs.append(output)
+    feature, output = torch.cat(features), torch.cat(outputs)
+    return feature, output, torch.argsort(output, stable=True)
+
+
 def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Every PE's nonzeros as one CSR matrix ``[out, in]`` on ``device``: row ``o`` holds the nonzeros of
     output ``o``, PE by PE and within a PE in input order, so a row's dot product adds each PE's AXPY
@@ -200,13 +219,7 @@ def _merged(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor
 
 
 def _merge(s: Slices, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    features, outputs = [], []
-    for p0, p1 in _groups(s):
-        feature, output = _group_indices(s, p0, p1)
-        features.append(feature)
-        outputs.append(output)
-    feature, output = torch.cat(features), torch.cat(outputs)
-    order = torch.argsort(output, stable=True)  # PE-major, input order within a PE: kept per output
+    feature, output, order = _indices(s)
     index = torch.int32 if max(s.in_features, len(feature)) < 2**31 else torch.int64
     crow = torch.zeros(s.out_features + 1, dtype=index, device=output.device)
     torch.cumsum(torch.bincount(output, minlength=s.out_features), 0, out=crow[1:])

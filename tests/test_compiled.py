@@ -273,3 +273,29 @@ def test_busiest_links_match_the_tensor_form(seed: int, monkeypatch: pytest.Monk
     far = 1 + (torch.rand(messages, generator=g) * room).long().clamp(max=room - 1)
     args = (bus, lane, far, height)
     assert torch.equal(busiest_link(*args), _tensor_form(monkeypatch, busiest_link, *args))
+
+
+@pytest.mark.parametrize("placement", ["balanced", "block"])
+def test_merged_matrix_indices_match_the_tensor_form(placement: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sparsefx
+    from sparsefx.errors import EmulationError
+    from sparsefx.models import build_model
+    from sparsefx.runtime import sparse_eval
+
+    spec = build_model("mlp")
+    sm = sparsefx.compile(spec.model, {"sparsity": 0.8}, spec.args)
+    program = sparsefx.lower(sm, spec.args, mesh="8x8", mode="streaming", placement=placement)
+    for k in (k for k in program.kernels if k.op == "sparse_matmul"):
+        arrays = {role: program.arrays[name] for role, name in k.arrays.items()}
+        s = sparse_eval.read_slices(arrays, k.attrs["in_features"], k.attrs["out_features"], 8, 8, k.name)
+        got = sparse_eval._indices(s)
+        want = _tensor_form(monkeypatch, sparse_eval._indices, s)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        bad = s.row_idx.clone()
+        pe = int(torch.searchsorted(s.nz_ptr, len(bad) // 2, right=True)) - 1  # the PE of the middle nonzero
+        bad[len(bad) // 2] = int(s.span[pe])  # one past its output range
+        broken = sparse_eval.Slices(**{**vars(s), "row_idx": bad})
+        with pytest.raises(EmulationError, match="leaves its PE's output range"):
+            sparse_eval._indices(broken)
+        with pytest.raises(EmulationError, match="leaves its PE's output range"):
+            _tensor_form(monkeypatch, sparse_eval._indices, broken)
