@@ -315,8 +315,8 @@ def _loops() -> dict[str, object]:
         import numba
 
         jit = numba.njit(cache=True, nogil=True)
-        global _bits, _push, _sort_tail, _range_max_loop, _stab_plan, _stab_marks  # called by the loops
-        _bits, _push, _sort_tail = jit(_bits), jit(_push), jit(_sort_tail)
+        global _bits, _push, _sort_tail, _merge_runs, _range_max_loop, _stab_plan, _stab_marks  # in the loops
+        _bits, _push, _sort_tail, _merge_runs = jit(_bits), jit(_push), jit(_sort_tail), jit(_merge_runs)
         _range_max_loop, _stab_plan, _stab_marks = jit(_range_max_loop), jit(_stab_plan), jit(_stab_marks)
         _LOOPS.update(
             tasks=jit(_tasks_loop),
@@ -339,6 +339,7 @@ def _loops() -> dict[str, object]:
 # -- the loops (plain Python until ``_loops`` compiles them) -------------------------------------------
 
 _INSERTION_BUDGET = 8  # shifts per key before the insertion sort gives way to one plain sort
+_RUNS_FOR = 16  # PEs whose blocks are sorted one by one and merged after one insertion sort gave way
 
 
 def _push(keys, k, key, shifts):  # pragma: no cover - runs compiled
@@ -360,6 +361,36 @@ def _sort_tail(keys, k, shifts):  # pragma: no cover - runs compiled
     """Sort ``keys[:k]`` if ``_push`` gave up keeping them in order."""
     if shifts > _INSERTION_BUDGET * (k + 1):
         keys[:k] = np.sort(keys[:k])
+
+
+def _merge_runs(keys, scratch, runs, count):  # pragma: no cover - runs compiled
+    """Sort ``keys[runs[0]:runs[count]]``, made of ``count`` sorted runs starting at ``runs[i]``, by
+    merging neighbouring runs pairwise (nothing to do where each run ends below the next's start).
+    Returns whether there was anything to merge."""
+    ordered = True
+    for r in range(1, count):
+        if runs[r] > runs[r - 1] and runs[r] < runs[count] and keys[runs[r] - 1] > keys[runs[r]]:
+            ordered = False
+    if ordered:
+        return False
+    src, dst = keys, scratch
+    width, passes = 1, 0
+    while width < count:
+        for r in range(0, count, 2 * width):
+            lo, mid, hi = runs[r], runs[min(r + width, count)], runs[min(r + 2 * width, count)]
+            i, j = lo, mid
+            for o in range(lo, hi):
+                if j >= hi or (i < mid and src[i] < src[j]):
+                    dst[o] = src[i]
+                    i += 1
+                else:
+                    dst[o] = src[j]
+                    j += 1
+        src, dst = dst, src
+        width, passes = width * 2, passes + 1
+    if passes % 2:  # the merged keys are in the scratch
+        keys[runs[0] : runs[count]] = scratch[runs[0] : runs[count]]
+    return True
 
 
 def _bits(x):  # pragma: no cover - runs compiled
@@ -388,16 +419,20 @@ def _tasks_loop(
     bq, bn = _bits(blocks), _bits(most)
     if (hi - lo + 1) >= _KEY_TOP >> (bq + bn):
         return False
-    keys = np.empty(blocks * most, np.int64)
+    keys, scratch = np.empty(blocks * most, np.int64), np.empty(blocks * most, np.int64)
+    runs = np.empty(blocks + 1, np.int64)  # where each block's keys start among the PE's
     low_q, low_n = (1 << bq) - 1, (1 << bn) - 1
-    n0 = 0
+    n0, by_runs, left = 0, False, 0  # by_runs: PEs just before overlapped blocks too much for one sort
     while n0 < pairs:
         p, n1 = pe[n0], n0
         while n1 < pairs and pe[n1] == p:
             n1 += 1
         k, shifts = 0, 0
         for q in range(blocks):  # key: arrival, then block, then pair (the tie rule), as bit fields
-            s = size_of[q]
+            s, runs[q] = size_of[q], k
+            if by_runs:  # each block's keys in order on their own, then the blocks merged
+                shifts = 0
+            here = keys[k:] if by_runs else keys
             for n in range(n0, n1):
                 finish[p, q] = max(finish[p, q], arr[q, n])  # every message of its columns has come
                 if filtered and sent[q, col[n]]:
@@ -407,9 +442,19 @@ def _tasks_loop(
                     started[n] += 1
                     data[q] = 1
                     key = (((arr[q, n] - lo) << bq | q) << bn) | (n - n0)
-                    shifts = _push(keys, k, key, shifts)
+                    shifts = _push(here, k - runs[q] if by_runs else k, key, shifts)
                     k += 1
-        _sort_tail(keys, k, shifts)
+            if by_runs:
+                _sort_tail(here, k - runs[q], shifts)
+        runs[blocks] = k
+        if by_runs:
+            _merge_runs(keys, scratch, runs, blocks)
+            left -= 1
+            by_runs = left > 0  # then one insertion sort is tried again
+        else:
+            if shifts > _INSERTION_BUDGET * (k + 1):
+                by_runs, left = True, _RUNS_FOR
+            _sort_tail(keys, k, shifts)
         t, total = lo, np.int64(0)
         for j in range(k):
             q = (keys[j] >> bn) & low_q
