@@ -36,6 +36,7 @@ __all__ = [
     "fifo",
     "finishes",
     "lane_departs",
+    "lane_sends",
     "lane_starts",
     "last_in",
     "merge_order",
@@ -52,11 +53,9 @@ _KEY_TOP = 1 << 62  # sort keys stay below this
 
 def available(*tensors: torch.Tensor) -> bool:
     """Whether the compiled loops run for ``tensors``: numba installed and allowed, tensors on the CPU."""
-    return (
-        _HAVE_NUMBA
-        and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
-        and all(t.device.type == "cpu" for t in tensors)
-    )
+    if not _HAVE_NUMBA or os.environ.get("SPARSEFX_NUMBA", "1") == "0":
+        return False
+    return all(t.is_cpu for t in tensors)
 
 
 def finishes(
@@ -127,6 +126,14 @@ def lane_departs(ready: torch.Tensor, sends: torch.Tensor, bounds: torch.Tensor)
     out = _host_full(tuple(ready.shape))
     if ready.numel() and not _loops()["lane_departs"](_np(ready), _np(sends), _np(bounds), out):
         return None
+    return torch.from_numpy(out)
+
+
+def lane_sends(wave: torch.Tensor, live: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """``timeline.lane_sends`` compiled, for a value whose zeros are known (``live``)."""
+    out = _host_full(tuple(live.shape))
+    if live.numel():
+        _loops()["lane_sends"](_np(wave), live.contiguous().numpy(), _np(bounds), out)
     return torch.from_numpy(out)
 
 
@@ -324,6 +331,7 @@ def _loops() -> dict[str, object]:
             arrivals_at=jit(_arrivals_loop),
             lane_departs=jit(_lane_departs_loop),
             lane_starts=jit(_lane_starts_loop),
+            lane_sends=jit(_lane_sends_loop),
             range_max_1d=_range_max_loop,
             busiest_rows=jit(_busiest_rows_loop),
             merge_order=jit(_merge_order_loop),
@@ -538,6 +546,17 @@ def _lane_departs_loop(ready, sends, bounds, out):  # pragma: no cover - runs co
             out[q, f] = t
             t += sends[q, f]
     return True
+
+
+def _lane_sends_loop(wave, live, bounds, out):  # pragma: no cover - runs compiled
+    blocks = live.shape[0]
+    for q in range(blocks):
+        for lane in range(len(bounds) - 1):
+            for f in range(bounds[lane], bounds[lane + 1]):
+                out[q, f] = wave[q] if live[q, f] else 0
+            last = bounds[lane + 1] - 1
+            if last >= bounds[lane] and out[q, last] < 1:  # the lane's end-of-block mark
+                out[q, last] = 1
 
 
 def _lane_starts_loop(sends, bounds, out):  # pragma: no cover - runs compiled

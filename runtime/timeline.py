@@ -44,6 +44,8 @@ def lane_sends(wave: torch.Tensor, live: torch.Tensor | None, bounds: torch.Tens
         >>> lane_sends(torch.tensor([4]), live, torch.tensor([0, 2, 4]))
         tensor([[4, 1, 0, 1]])
     """
+    if live is not None and compiled.available(wave, live, bounds):
+        return compiled.lane_sends(wave, live, bounds)
     full = wave[:, None].expand(-1, int(bounds[-1]))
     if live is None:
         return full.clone()

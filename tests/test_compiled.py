@@ -252,8 +252,9 @@ def test_lane_departures_match_the_tensor_form(seed: int, monkeypatch: pytest.Mo
     def flow() -> Flow:
         return Flow("v", "float32", features, lanes, blocks * 4, 4, wave, 3, ready, live)
 
-    got, waiting = flow()._queued(ready), flow().waiting()
+    got, waiting, sends = flow()._queued(ready), flow().waiting(), flow().sends
     monkeypatch.setenv("SPARSEFX_NUMBA", "0")
+    assert torch.equal(sends, flow().sends)  # zeros filtered, each lane's end-of-block mark kept
     assert torch.equal(got, flow()._queued(ready))
     want = flow().waiting()  # every message waiting at the start: each lane in order
     assert torch.equal(waiting[0], want[0]) and waiting[1] == want[1]
