@@ -55,7 +55,7 @@ def available(*tensors: torch.Tensor) -> bool:
     """Whether the compiled loops run for ``tensors``: numba installed and allowed, tensors on the CPU."""
     if not _HAVE_NUMBA or os.environ.get("SPARSEFX_NUMBA", "1") == "0":
         return False
-    return all(t.is_cpu for t in tensors)
+    return all(t.device.type == "cpu" for t in tensors)  # a tensor subclass may say ``is_cpu`` wrongly
 
 
 def finishes(
