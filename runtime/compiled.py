@@ -53,9 +53,11 @@ _KEY_TOP = 1 << 62  # sort keys stay below this
 
 def available(*tensors: torch.Tensor) -> bool:
     """Whether the compiled loops run for ``tensors``: numba installed and allowed, tensors on the CPU."""
-    if not _HAVE_NUMBA or os.environ.get("SPARSEFX_NUMBA", "1") == "0":
-        return False
-    return all(t.device.type == "cpu" for t in tensors)  # a tensor subclass may say ``is_cpu`` wrongly
+    return (
+        _HAVE_NUMBA
+        and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
+        and all(t.device.type == "cpu" for t in tensors)  # not ``is_cpu``: a subclass may answer it wrongly
+    )
 
 
 def finishes(
@@ -185,7 +187,7 @@ def busiest_rows(
     """``intervals.busiest_link``'s rows compiled: for messages crossing rows ``lo..hi`` of bus ``at``
     (``0 .. buses - 1``), the row of each one's busiest link, counting every message's rows (ties: the
     last row), from one grid of loads built in place and one sparse table over it."""
-    table = _host_full((buses * height, 1), 0)
+    table = _host_full((buses * height, 1))  # the loop writes every entry
     out = _host_full((len(at), 1))
     if len(at):
         _loops()["busiest_rows"](_np(at), _np(lo), _np(hi), height, table, out)
@@ -373,14 +375,13 @@ def _sort_tail(keys, k, shifts):  # pragma: no cover - runs compiled
 
 def _merge_runs(keys, scratch, runs, count):  # pragma: no cover - runs compiled
     """Sort ``keys[runs[0]:runs[count]]``, made of ``count`` sorted runs starting at ``runs[i]``, by
-    merging neighbouring runs pairwise (nothing to do where each run ends below the next's start).
-    Returns whether there was anything to merge."""
+    merging neighbouring runs pairwise (nothing to do where each run ends below the next's start)."""
     ordered = True
     for r in range(1, count):
         if runs[r] > runs[r - 1] and runs[r] < runs[count] and keys[runs[r] - 1] > keys[runs[r]]:
             ordered = False
     if ordered:
-        return False
+        return
     src, dst = keys, scratch
     width, passes = 1, 0
     while width < count:
@@ -398,7 +399,6 @@ def _merge_runs(keys, scratch, runs, count):  # pragma: no cover - runs compiled
         width, passes = width * 2, passes + 1
     if passes % 2:  # the merged keys are in the scratch
         keys[runs[0] : runs[count]] = scratch[runs[0] : runs[count]]
-    return True
 
 
 def _bits(x):  # pragma: no cover - runs compiled
