@@ -448,9 +448,12 @@ class FastClock:
         each = torch.stack([sparse_task_cycles(count, int(n), k.dtype, hw) for n in rows.tolist()])
         # PEs without a pair are done with every block at t0: only the active ones are timed
         active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
-        finish, busy_active, first, started, data, messages = sparse_tasks(
+        finish, busy_active, first, started, data, _ = sparse_tasks(
             at, arr, each, size_of, col, sent, len(active), t0
         )  # started: tasks of each (PE, column) over the blocks; data: blocks where some PE ran a task
+        # a message is an input vector of a block, however many PEs it forks to (as the reference counts)
+        vectors = blocks * s.in_features
+        messages = vectors if sent is None else int(sent.sum())
         busy = torch.zeros(r.pes, dtype=torch.int64).index_put_((active,), busy_active)
         # a block in which no PE ran a task has only zero partial sums: none is sent (zero wavelets)
         summed = torch.where(data, wave_out, 0) if sent is not None else wave_out
@@ -473,7 +476,7 @@ class FastClock:
             overhead,
             blocks,
             messages=messages,
-            skipped=blocks * len(col) - messages,
+            skipped=vectors - messages,
             axpys=axpys,
             skipped_axpys=blocks * int(count.sum()) - axpys,
             waits_on=self._waits(latest, t0),

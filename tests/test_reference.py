@@ -47,6 +47,8 @@ def _agree(program: sparsefx.DataflowProgram, args: object) -> tuple:
     # the same tasks on the same PEs: the work is equal to the cycle
     assert torch.equal(ref.stats.pe_busy, fast.stats.pe_busy)
     assert (ref.stats.axpys, ref.stats.skipped_axpys) == (fast.stats.axpys, fast.stats.skipped_axpys)
+    counted = [(k.name, k.messages, k.skipped_messages) for k in ref.stats.kernels]
+    assert counted == [(k.name, k.messages, k.skipped_messages) for k in fast.stats.kernels]
     gap = abs(fast.stats.cycles / ref.stats.cycles - 1)
     assert gap <= CYCLE_TOLERANCE, (fast.stats.cycles, ref.stats.cycles)
     assert ref.stats.executor == "reference"
