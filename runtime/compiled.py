@@ -83,16 +83,14 @@ def sparse_tasks(
     pes: int,
     t0: int,
     never: int,
-) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor, int] | None:
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor] | None:
     """``queues.sparse_tasks`` in one compiled pass, each task's cost taken where it is needed (no
     ``[blocks, pairs]`` cost or flags): ``finishes``' three results, then each pair's tasks over the
-    blocks, whether each block ran a task, and the messages sent. None when the sort keys would not
-    fit in 62 bits."""
+    blocks and whether each block ran a task. None when the sort keys would not fit in 62 bits."""
     blocks, pairs = arr.shape
     finish = _host_full((pes, blocks), t0)
     busy = _host_full(pes, 0)
-    first = _host_full(2, never)  # the first task's arrival, then the messages sent
-    first[1] = 0
+    first = _host_full(1, never)  # the first task's arrival
     started = _host_full(pairs, 0)
     data = _host_full(blocks, 0)
     flags = np.ones((1, 1), np.bool_) if sent is None else sent.contiguous().numpy()
@@ -100,10 +98,9 @@ def sparse_tasks(
         ints = (_np(pe), _np(arr), _np(each), _np(size_of), _np(col), flags, sent is not None)
         if not _loops()["tasks"](*ints, finish, busy, first, started, data):
             return None
-    messages = blocks * pairs if sent is None else int(first[1])
     done = torch.from_numpy(data) > 0
     finish_t, busy_t, started_t = torch.from_numpy(finish), torch.from_numpy(busy), torch.from_numpy(started)
-    return finish_t, busy_t, int(first[0]), started_t, done, messages
+    return finish_t, busy_t, int(first[0]), started_t, done
 
 
 def fifo(pe: torch.Tensor, arrival: torch.Tensor, cost: torch.Tensor) -> torch.Tensor | None:
@@ -443,8 +440,6 @@ def _tasks_loop(
             here = keys[k:] if by_runs else keys
             for n in range(n0, n1):
                 finish[p, q] = max(finish[p, q], arr[q, n])  # every message of its columns has come
-                if filtered and sent[q, col[n]]:
-                    first[1] += 1
                 if each[s, n] > 0 and (not filtered or sent[q, col[n]]):
                     first[0] = min(first[0], arr[q, n])
                     started[n] += 1

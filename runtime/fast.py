@@ -448,7 +448,7 @@ class FastClock:
         each = torch.stack([sparse_task_cycles(count, int(n), k.dtype, hw) for n in rows.tolist()])
         # PEs without a pair are done with every block at t0: only the active ones are timed
         active, at = self._kept(k, ("active",), lambda: torch.unique_consecutive(pe, return_inverse=True))
-        finish, busy_active, first, started, data, _ = sparse_tasks(
+        finish, busy_active, first, started, data = sparse_tasks(
             at, arr, each, size_of, col, sent, len(active), t0
         )  # started: tasks of each (PE, column) over the blocks; data: blocks where some PE ran a task
         # a message is an input vector of a block, however many PEs it forks to (as the reference counts)

@@ -159,30 +159,28 @@ def sparse_tasks(
     sent: torch.Tensor | None,
     pes: int,
     t0: int,
-) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]:
     """A sparse matmul's tasks (``finishes``) from what sets them: pair ``n`` (on PE ``pe[n]``, reading
     input column ``col[n]``) has a task in block ``q`` when the column's message of ``q`` is sent
     (``sent[q, col[n]]``; None: every message is) and the task costs something, ``each[size_of[q], n]``
     cycles (0: the pair has no nonzero). Returns ``finishes``' three results, each pair's tasks over
-    the blocks, whether each block ran a task and how many (pair, block) messages were sent.
+    the blocks and whether each block ran a task.
 
         >>> pe, col = torch.tensor([0, 0]), torch.tensor([0, 1])
         >>> arr, each = torch.tensor([[1, 6], [2, 3]]), torch.tensor([[4, 0]])
         >>> sent = torch.tensor([[True, True], [False, True]])
         >>> got = sparse_tasks(pe, arr, each, torch.tensor([0, 0]), col, sent, 1, 0)
-        >>> got[0].tolist(), got[1].tolist(), got[2], got[3].tolist(), got[4].tolist(), got[5]
-        ([[6, 6]], [4], 1, [1, 0], [True, False], 3)
+        >>> got[0].tolist(), got[1].tolist(), got[2], got[3].tolist(), got[4].tolist()
+        ([[6, 6]], [4], 1, [1, 0], [True, False])
     """
     if compiled.available(pe, arr, each):
         got = compiled.sparse_tasks(pe, arr, each, size_of, col, sent, pes, t0, NEVER)
         if got is not None:
             return got
-    blocks = arr.shape[0]
     has = each[size_of] > 0
     work = has if sent is None else sent[:, col] & has
     finish, busy, first = finishes(pe, arr, torch.where(work, each[size_of], 0), pes, t0)
-    messages = blocks * len(col) if sent is None else int(sent[:, col].sum())
-    return finish, busy, first, work.sum(0), work.any(1), messages
+    return finish, busy, first, work.sum(0), work.any(1)
 
 
 def _queues_slow(pe: torch.Tensor, arr: torch.Tensor, cost: torch.Tensor, pes: int) -> torch.Tensor:
