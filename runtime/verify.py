@@ -566,7 +566,7 @@ def _check_conflicts(p: ProgramData, entries: torch.Tensor) -> None:
     """No PE holds two routes on the same color at the same step (step -1 overlaps every step)."""
     if p.mode == "streaming":
         always = entries[entries[:, 0] < 0]
-        steps = sorted({int(s) for s in entries[:, 0].tolist() if s >= 0})
+        steps = torch.unique(entries[entries[:, 0] >= 0, 0]).tolist()  # ascending
         groups = [torch.cat([always, entries[entries[:, 0] == s]]) for s in steps] or [always]
     else:
         groups = [entries]
