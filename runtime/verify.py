@@ -54,6 +54,7 @@ _SIZE_ATTRS = {
     "out_features": (0, MAX_VALUE_ELEMENTS),
 }
 _SLACK = 64  # entries a batch may hold past twice the mesh's PEs before it is refused unexpanded
+_GROUP_ENTRIES = 1 << 20  # router entries of a streaming program's steps expanded together, at most
 _STRAIGHT = {0: (0, 0), int(Dir.N): (0, -1), int(Dir.E): (1, 0), int(Dir.S): (0, 1), int(Dir.W): (-1, 0)}
 
 
@@ -385,8 +386,38 @@ def _check_routes(p: ProgramData) -> None:
         held = _check_batch(p, table, always)
         if not by_step:
             _check_conflicts(p, held)
-        for step in sorted(by_step):
-            _check_conflicts(p, torch.cat([held, _check_batch(p, table, by_step[step], len(held))]))
+        for steps in _step_groups(p, table, by_step, len(held)):
+            batch = sorted(i for step in steps for i in by_step[step])
+            _check_conflicts(p, torch.cat([held, _check_batch(p, table, batch, len(held), len(steps))]))
+
+
+def _step_groups(p: ProgramData, table: _Table, by_step: dict[int, list[int]], held: int) -> list[list[int]]:
+    """Consecutive steps whose routes are expanded together: each step's entries (with the ``held``
+    ones) within the bound ``_check_batch`` refuses past, a group's within ``_GROUP_ENTRIES``."""
+    groups: list[list[int]] = []
+    size = 0
+    for step in sorted(by_step):
+        n = sum(table.entries[i] for i in by_step[step])
+        _refuse_past_bound(p, by_step[step], n + held)
+        if groups and size + n <= _GROUP_ENTRIES:
+            groups[-1].append(step)
+            size += n
+        else:
+            groups.append([step])
+            size = n
+    return groups
+
+
+def _refuse_past_bound(p: ProgramData, batch: list[int], total: int) -> None:
+    """One color's entries of one step hold at most one per PE: far more is refused unexpanded."""
+    if total > 2 * p.mesh.pes + _SLACK:
+        r = p.routes[batch[0]]
+        raise _fail(
+            _owner(r),
+            f"the routes on color {r.color} (route {r.name!r} among them) hold {total:,} router entries"
+            f"{' at once' if p.mode == 'streaming' else ''}; the {p.mesh} mesh has {p.mesh.pes:,} PEs, "
+            "so some PE holds two entries of that color",
+        )
 
 
 def _batches(p: ProgramData, color: int) -> tuple[list[int], dict[int, list[int]]]:
@@ -444,22 +475,18 @@ def _run_flaw(bits: int, size: int, p: ProgramData) -> str:
     return f"it leaves the {p.mesh} mesh"
 
 
-def _check_batch(p: ProgramData, table: _Table, batch: list[int], held: int = 0) -> torch.Tensor:
-    """The per-route checks of the routes ``batch`` (global indices, ascending, one color); returns their
-    ``(step, color, pe, route)`` entries. With the ``held`` entries of the same color, a batch holds at
-    most one entry per PE; one that holds far more is refused before it is expanded (one a little over
-    is expanded, to name the PE that holds two)."""
+def _check_batch(
+    p: ProgramData, table: _Table, batch: list[int], held: int = 0, steps: int = 1
+) -> torch.Tensor:
+    """The per-route checks of the routes ``batch`` (global indices, ascending, one color, of ``steps``
+    steps); returns their ``(step, color, pe, route)`` entries. With the ``held`` entries of the same
+    color, one step's routes hold at most one entry per PE; a batch of one step that holds far more is
+    refused before it is expanded (one a little over is expanded, to name the PE that holds two;
+    ``_step_groups`` checks each step of a larger batch)."""
     if not batch:
         return torch.zeros((0, 4), dtype=torch.int64)
-    total = sum(table.entries[i] for i in batch) + held
-    if total > 2 * p.mesh.pes + _SLACK:
-        r = p.routes[batch[0]]
-        raise _fail(
-            _owner(r),
-            f"the routes on color {r.color} (route {r.name!r} among them) hold {total:,} router entries"
-            f"{' at once' if p.mode == 'streaming' else ''}; the {p.mesh} mesh has {p.mesh.pes:,} PEs, "
-            "so some PE holds two entries of that color",
-        )
+    if steps == 1:
+        _refuse_past_bound(p, batch, sum(table.entries[i] for i in batch) + held)
     routes = torch.tensor(batch, dtype=torch.int64)
     first, n = table.first[routes], table.counts[routes]
     local = torch.repeat_interleave(torch.arange(len(routes)), n)
@@ -564,24 +591,41 @@ def _check_ends(
 
 def _check_conflicts(p: ProgramData, entries: torch.Tensor) -> None:
     """No PE holds two routes on the same color at the same step (step -1 overlaps every step)."""
-    if p.mode == "streaming":
-        always = entries[entries[:, 0] < 0]
-        steps = torch.unique(entries[entries[:, 0] >= 0, 0]).tolist()  # ascending
-        groups = [torch.cat([always, entries[entries[:, 0] == s]]) for s in steps] or [always]
-    else:
-        groups = [entries]
-    for g in groups:
-        key = g[:, 1] * p.mesh.pes + g[:, 2]
-        order = torch.argsort(key, stable=True)
-        k, who = key[order], g[order, 3]
-        clash = ((k[1:] == k[:-1]) & (who[1:] != who[:-1])).nonzero()
-        if len(clash):
-            j = int(clash[0])
-            a, b = p.routes[int(who[j])], p.routes[int(who[j + 1])]
-            pe = int(k[j]) % p.mesh.pes
-            owner = a.src if a.src != "host" else a.dsts[0]
-            raise _fail(
-                owner,
-                f"routes {a.name!r} and {b.name!r} both use color {a.color} at PE "
-                f"({pe % p.mesh.width}, {pe // p.mesh.width})",
-            )
+    pes = p.mesh.pes
+    if p.mode != "streaming":
+        _clash(p, entries[:, 1] * pes + entries[:, 2], entries[:, 3])
+        return
+    always, stepped = entries[entries[:, 0] < 0], entries[entries[:, 0] >= 0]
+    _clash(p, always[:, 1] * pes + always[:, 2], always[:, 3])
+    colors = int(entries[:, 1].max()) + 1 if len(entries) else 1
+    _clash(p, (stepped[:, 0] * colors + stepped[:, 1]) * pes + stepped[:, 2], stepped[:, 3])
+    if len(always) and len(stepped):  # a step's entry where an every-step entry of another route is
+        held = always[:, 1] * pes + always[:, 2]
+        order = torch.argsort(held)
+        held, who = held[order], always[order, 3]
+        key = stepped[:, 1] * pes + stepped[:, 2]
+        at = torch.searchsorted(held, key).clamp_(max=len(held) - 1)
+        hit = ((held[at] == key) & (who[at] != stepped[:, 3])).nonzero()
+        if len(hit):
+            j = int(hit[0])
+            _report_clash(p, int(who[at[j]]), int(stepped[j, 3]), int(key[j]) % pes)
+
+
+def _clash(p: ProgramData, key: torch.Tensor, who: torch.Tensor) -> None:
+    """Raise if two entries of different routes (``who``) share a ``key`` (its last factor the PE)."""
+    order = torch.argsort(key, stable=True)
+    k, w = key[order], who[order]
+    clash = ((k[1:] == k[:-1]) & (w[1:] != w[:-1])).nonzero()
+    if len(clash):
+        j = int(clash[0])
+        _report_clash(p, int(w[j]), int(w[j + 1]), int(k[j]) % p.mesh.pes)
+
+
+def _report_clash(p: ProgramData, first: int, second: int, pe: int) -> None:
+    a, b = p.routes[first], p.routes[second]
+    owner = a.src if a.src != "host" else a.dsts[0]
+    raise _fail(
+        owner,
+        f"routes {a.name!r} and {b.name!r} both use color {a.color} at PE "
+        f"({pe % p.mesh.width}, {pe // p.mesh.width})",
+    )

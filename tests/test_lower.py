@@ -422,3 +422,15 @@ def test_two_routes_on_one_color_at_one_pe_fail_verify(compiled, mode) -> None:
     program.routes.append(dataclasses.replace(route, name=route.name + "_again"))  # same runs, same color
     with pytest.raises(VerifyError, match=f"routes '{route.name}' and '{route.name}_again' both use color"):
         program.verify()
+
+
+def test_a_route_of_every_step_clashes_with_one_of_a_step(compiled) -> None:
+    """Streaming: a route in use at every step (step -1) and one of a single step on the same color and
+    PEs clash, whichever steps ``verify`` expands together."""
+    sm, args = compiled["mlp"]
+    program = sparsefx.lower(sm, args, mesh=(16, 16), mode="streaming")
+    route = next(r for r in program.routes if r.kind == "value" and r.src != "host" and r.step >= 0)
+    program.routes.append(dataclasses.replace(route, name=route.name + "_always", step=-1))
+    always = f"'{route.name}_always'"
+    with pytest.raises(VerifyError, match=rf"{always} and '[^']+' both use|and {always} both use"):
+        program.verify()

@@ -844,17 +844,22 @@ def test_garbage_offsets_counts_and_sizes_are_refused_by_name(
     assert_message(_verify_error(program, tmp_path), message)
 
 
+@pytest.mark.parametrize("mode", ["pipelined", "streaming"])
 def test_more_router_entries_on_a_color_than_the_mesh_has_pes(
-    lowered: dict[str, Path], tmp_path: Path
+    mode: str, lowered: dict[str, Path], tmp_path: Path
 ) -> None:
-    """Copies of one route on its color: far more entries than PEs are refused before they are expanded."""
-    program = load_program(lowered["pipelined"])
-    route = next(r for r in program.routes if r.kind == "value" and r.src != "host")
+    """Copies of one route on its color: far more entries than PEs are refused before they are expanded
+    (streaming: copies of a route of one step, which ``verify`` expands with the steps around it)."""
+    program = load_program(lowered[mode])
+    stepped = mode == "streaming"  # a pipelined program's routes are in use at every step
+    values = (r for r in program.routes if r.kind == "value" and r.src != "host")
+    route = next(r for r in values if (r.step >= 0) == stepped)
     copies = 2 * program.mesh.pes + 64  # each route holds at least one entry
     program.routes += [dataclasses.replace(route, name=f"{route.name}_{i}") for i in range(copies)]
+    at_once = " at once" if mode == "streaming" else ""
     assert_message(
         _verify_error(program, tmp_path),
-        rf"the routes on color {route.color} .* hold [\d,]+ router entries; the 8x8 mesh has 64 PEs",
+        rf"the routes on color {route.color} .* hold [\d,]+ router entries{at_once}; the 8x8 mesh has 64 PEs",
     )
 
 
