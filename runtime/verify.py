@@ -370,9 +370,10 @@ class _Table:
 def _check_routes(p: ProgramData) -> None:
     """Router entries of all routes: on the mesh, once per route, hops received, ends right, and no two
     routes on one color at one PE at once. The runs are checked straight and on the mesh first, then
-    expanded one color at a time (a streaming program's, one color of one step at a time, with that
-    color's routes of every step), each batch summed before it is expanded: no PE holds two entries of
-    one color at once, so a batch of far more entries than the mesh has PEs is refused unexpanded."""
+    expanded one color at a time (a streaming program's, one color of consecutive steps at a time, up
+    to ``_GROUP_ENTRIES`` entries, with that color's routes of every step), each step summed before it
+    is expanded: no PE holds two entries of one color at once, so a step of far more entries than the
+    mesh has PEs is refused unexpanded."""
     if not p.routes:
         return
     empty = torch.zeros((0, len(RUN_FIELDS)), dtype=torch.int64)

@@ -414,7 +414,7 @@ def test_an_active_dropout_is_refused_and_an_eval_one_is_the_identity() -> None:
 
 @pytest.mark.parametrize("mode", ["pipelined", "streaming"])
 def test_two_routes_on_one_color_at_one_pe_fail_verify(compiled, mode) -> None:
-    """Streaming programs are checked a step at a time: a clash within a step is still found."""
+    """Streaming programs are checked several steps at a time: a clash within a step is still found."""
     sm, args = compiled["mlp"]
     program = sparsefx.lower(sm, args, mesh=(16, 16), mode=mode)
     program.verify()
