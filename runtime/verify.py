@@ -384,15 +384,21 @@ def _check_routes(p: ProgramData) -> None:
     table = _Table(runs, first, counts, entries, torch.tensor(["host" in r.dsts for r in p.routes]))
     for color in sorted({r.color for r in p.routes}):
         always, by_step = _batches(p, color)
+        _refuse_past_bound(p, always, sum(table.entries[i] for i in always))
         held = _check_batch(p, table, always)
+        _check_conflicts(p, held)  # the routes of every step (pipelined: all) among themselves, once
         if not by_step:
-            _check_conflicts(p, held)
+            continue
+        order = torch.argsort(held[:, 2])  # one color: a PE is the key
+        held_pe, held_route = held[order, 2], held[order, 3]
         for steps in _step_groups(p, table, by_step, len(held)):
-            batch = sorted(i for step in steps for i in by_step[step])
-            _check_conflicts(p, torch.cat([held, _check_batch(p, table, batch, len(held), len(steps))]))
+            batch = _check_batch(p, table, sorted(i for step in steps for i in by_step[step]))
+            _check_step_conflicts(p, batch, held_pe, held_route)
 
 
-def _step_groups(p: ProgramData, table: _Table, by_step: dict[int, list[int]], held: int) -> list[list[int]]:
+def _step_groups(
+    p: ProgramData, table: _Table, by_step: dict[int, list[int]], held: int
+) -> list[list[int]]:
     """Consecutive steps whose routes are expanded together: each step's entries (with the ``held``
     ones) within the bound ``_check_batch`` refuses past, a group's within ``_GROUP_ENTRIES``."""
     groups: list[list[int]] = []
@@ -410,8 +416,9 @@ def _step_groups(p: ProgramData, table: _Table, by_step: dict[int, list[int]], h
 
 
 def _refuse_past_bound(p: ProgramData, batch: list[int], total: int) -> None:
-    """One color's entries of one step hold at most one per PE: far more is refused unexpanded."""
-    if total > 2 * p.mesh.pes + _SLACK:
+    """One color's entries at one step hold at most one per PE: far more is refused before they are
+    expanded (a little over is expanded, to name the PE that holds two)."""
+    if batch and total > 2 * p.mesh.pes + _SLACK:
         r = p.routes[batch[0]]
         raise _fail(
             _owner(r),
@@ -476,18 +483,12 @@ def _run_flaw(bits: int, size: int, p: ProgramData) -> str:
     return f"it leaves the {p.mesh} mesh"
 
 
-def _check_batch(
-    p: ProgramData, table: _Table, batch: list[int], held: int = 0, steps: int = 1
-) -> torch.Tensor:
-    """The per-route checks of the routes ``batch`` (global indices, ascending, one color, of ``steps``
-    steps); returns their ``(step, color, pe, route)`` entries. With the ``held`` entries of the same
-    color, one step's routes hold at most one entry per PE; a batch of one step that holds far more is
-    refused before it is expanded (one a little over is expanded, to name the PE that holds two;
-    ``_step_groups`` checks each step of a larger batch)."""
+def _check_batch(p: ProgramData, table: _Table, batch: list[int]) -> torch.Tensor:
+    """The per-route checks of the routes ``batch`` (global indices, ascending, one color), expanded
+    (``_refuse_past_bound`` has counted them first); returns their ``(step, color, pe, route)``
+    entries."""
     if not batch:
         return torch.zeros((0, 4), dtype=torch.int64)
-    if steps == 1:
-        _refuse_past_bound(p, batch, sum(table.entries[i] for i in batch) + held)
     routes = torch.tensor(batch, dtype=torch.int64)
     first, n = table.first[routes], table.counts[routes]
     local = torch.repeat_interleave(torch.arange(len(routes)), n)
@@ -591,25 +592,24 @@ def _check_ends(
 
 
 def _check_conflicts(p: ProgramData, entries: torch.Tensor) -> None:
-    """No PE holds two routes on the same color at the same step (step -1 overlaps every step)."""
+    """No PE holds two routes on the same color, for entries all in use at once (a pipelined program's,
+    or a streaming program's routes of every step); ``_check_step_conflicts`` takes single steps'."""
+    _clash(p, entries[:, 1] * p.mesh.pes + entries[:, 2], entries[:, 3])
+
+
+def _check_step_conflicts(
+    p: ProgramData, entries: torch.Tensor, held_pe: torch.Tensor, held_route: torch.Tensor
+) -> None:
+    """Entries of one color at single steps: no two routes at one PE at the same step, and none at a
+    PE where a route of every step is (``held_pe``, ascending, and its ``held_route``)."""
     pes = p.mesh.pes
-    if p.mode != "streaming":
-        _clash(p, entries[:, 1] * pes + entries[:, 2], entries[:, 3])
-        return
-    always, stepped = entries[entries[:, 0] < 0], entries[entries[:, 0] >= 0]
-    _clash(p, always[:, 1] * pes + always[:, 2], always[:, 3])
-    colors = int(entries[:, 1].max()) + 1 if len(entries) else 1
-    _clash(p, (stepped[:, 0] * colors + stepped[:, 1]) * pes + stepped[:, 2], stepped[:, 3])
-    if len(always) and len(stepped):  # a step's entry where an every-step entry of another route is
-        held = always[:, 1] * pes + always[:, 2]
-        order = torch.argsort(held)
-        held, who = held[order], always[order, 3]
-        key = stepped[:, 1] * pes + stepped[:, 2]
-        at = torch.searchsorted(held, key).clamp_(max=len(held) - 1)
-        hit = ((held[at] == key) & (who[at] != stepped[:, 3])).nonzero()
+    _clash(p, entries[:, 0] * pes + entries[:, 2], entries[:, 3])
+    if len(held_pe) and len(entries):
+        at = torch.searchsorted(held_pe, entries[:, 2]).clamp_(max=len(held_pe) - 1)
+        hit = ((held_pe[at] == entries[:, 2]) & (held_route[at] != entries[:, 3])).nonzero()
         if len(hit):
             j = int(hit[0])
-            _report_clash(p, int(who[at[j]]), int(stepped[j, 3]), int(key[j]) % pes)
+            _report_clash(p, int(held_route[at[j]]), int(entries[j, 3]), int(entries[j, 2]))
 
 
 def _clash(p: ProgramData, key: torch.Tensor, who: torch.Tensor) -> None:

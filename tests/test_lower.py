@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -431,6 +432,6 @@ def test_a_route_of_every_step_clashes_with_one_of_a_step(compiled) -> None:
     program = sparsefx.lower(sm, args, mesh=(16, 16), mode="streaming")
     route = next(r for r in program.routes if r.kind == "value" and r.src != "host" and r.step >= 0)
     program.routes.append(dataclasses.replace(route, name=route.name + "_always", step=-1))
-    always = f"'{route.name}_always'"
+    always = re.escape(f"'{route.name}_always'")
     with pytest.raises(VerifyError, match=rf"{always} and '[^']+' both use|and {always} both use"):
         program.verify()
