@@ -58,7 +58,7 @@ from .cost import (
     wavelets,
 )
 from .host import edge_queued, outputs_in_host
-from .intervals import Columns, Holders, busiest_link, cumcount, merges
+from .intervals import Columns, Holders, busiest_link, column_load, cumcount, merges
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
 from .op_kinds import ROW_MATMULS, op_kind
@@ -625,36 +625,11 @@ class FastClock:
         segments, seg_of = torch.unique((held_x * h + y_lo) * h + y_hi, return_inverse=True)
         return south, north, held_x, held_o, travel, segments, seg_of
 
-    def _column_load(
-        self, k: Kernel, s: Layout, lanes: int
-    ) -> tuple[torch.Tensor, ...]:
-        """Partial-sum messages on each vertical link, ``[width, height]`` south and north, and the
-        (column, output) pairs where some PE holds a part of the output, with the rows each pair's
-        partial sums travel to reach the output's lane (0: none travel) and the first and last row
-        holding a part of it.
-
-        Partial sums of one output merge on their way to its lane, so a link carries each output
-        once: the south link below row ``y`` carries the outputs held at or above ``y`` whose lane is
-        further south.
-        """
+    def _column_load(self, k: Kernel, s: Layout, lanes: int) -> tuple[torch.Tensor, ...]:
+        """``intervals.column_load`` of the kernel's region, with its ``Holders`` kept."""
         r = k.region
-        out_f = s.out_features
         held = self._kept(k, ("holders",), lambda: Holders(s, r.width, r.height))
-        keys, ymin, ymax = held.keys, held.ymin, held.ymax
-        px, o = keys // max(out_f, 1), keys % max(out_f, 1)
-        lane = lane_rank(lane_bounds(out_f, lanes), o)[0]
-        south = torch.zeros((r.width, r.height + 1), dtype=torch.int64)
-        north = torch.zeros((r.width, r.height + 2), dtype=torch.int64)
-        sm = ymin < lane
-        ones = torch.ones(int(sm.sum()), dtype=torch.int64)
-        south.index_put_((px[sm], ymin[sm]), ones, accumulate=True)
-        south.index_put_((px[sm], lane[sm]), -ones, accumulate=True)
-        nm = ymax > lane
-        ones = torch.ones(int(nm.sum()), dtype=torch.int64)
-        north.index_put_((px[nm], lane[nm] + 1), ones, accumulate=True)
-        north.index_put_((px[nm], ymax[nm] + 1), -ones, accumulate=True)
-        travel = torch.maximum(lane - ymin, ymax - lane).clamp(min=0)
-        return south.cumsum(1)[:, : r.height], north.cumsum(1)[:, 1 : r.height + 1], px, o, travel, ymin, ymax
+        return column_load(s, r.width, r.height, lanes, held)
 
     def _dense_geometry(self, k: Kernel) -> tuple[torch.Tensor, ...]:
         """Where a kernel without stored weights works on each feature: the features, each one's PE

@@ -29,7 +29,7 @@ pipelined program streams its values between kernels that run at once, so it kee
     >>> peak.step, peak.values, peak.held  # the ReLU's result (64 rows x 8 features x 4 bytes a lane)
     ('masked_linear_1', ('_1',), 2048)
     >>> peak.own  # what the second linear keeps on that PE while it runs
-    684
+    464
     >>> peak.total <= p.hardware.sram_bytes
     True
 """

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from . import compiled
+from .blocking import lane_rank
 from .layout import Layout
+from .program import lane_bounds
 from .queues import CHUNK, NEVER
 
 
@@ -207,6 +209,44 @@ class Holders:
         both = both[self.segment]
         span = (lane * hop)[:, None]
         return torch.maximum(both[:, :blocks] + span, both[:, blocks:] - span).T
+
+
+def column_load(
+    s: Layout, width: int, height: int, lanes: int, held: Holders | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Partial-sum messages on each vertical link of a sparse matmul's region, ``[width, height]`` south
+    and north, and the (column, output) pairs where some PE holds a part of the output, with the rows
+    each pair's partial sums travel to reach the output's lane (0: none travel) and the first and last
+    row holding a part of it. ``lanes``: how many lanes the outputs are spread over; ``held``: the
+    region's ``Holders`` when the caller has them.
+
+    Partial sums of one output merge on their way to its lane, so a link carries each output once: the
+    south link below row ``y`` carries the outputs held at or above ``y`` whose lane is further south.
+
+        >>> from sparsefx.runtime.layout import Layout
+        >>> one = torch.tensor([0, 0, 0])  # 1 column, 3 rows, each holding output 0 (lane 0)
+        >>> s = Layout(1, 1, one, one + 1, one, one + 1, one + 1)
+        >>> south, north, *_ = column_load(s, 1, 3, 1)
+        >>> south.tolist(), north.tolist()  # rows 1 and 2 send theirs north, up to row 0
+        ([[0, 0, 0]], [[1, 1, 0]])
+    """
+    out_f = s.out_features
+    held = held or Holders(s, width, height)
+    keys, ymin, ymax = held.keys, held.ymin, held.ymax
+    px, o = keys // max(out_f, 1), keys % max(out_f, 1)
+    lane = lane_rank(lane_bounds(out_f, lanes), o)[0]
+    south = torch.zeros((width, height + 1), dtype=torch.int64)
+    north = torch.zeros((width, height + 2), dtype=torch.int64)
+    sm = ymin < lane
+    ones = torch.ones(int(sm.sum()), dtype=torch.int64)
+    south.index_put_((px[sm], ymin[sm]), ones, accumulate=True)
+    south.index_put_((px[sm], lane[sm]), -ones, accumulate=True)
+    nm = ymax > lane
+    ones = torch.ones(int(nm.sum()), dtype=torch.int64)
+    north.index_put_((px[nm], lane[nm] + 1), ones, accumulate=True)
+    north.index_put_((px[nm], ymax[nm] + 1), -ones, accumulate=True)
+    travel = torch.maximum(lane - ymin, ymax - lane).clamp(min=0)
+    return south.cumsum(1)[:, :height], north.cumsum(1)[:, 1 : height + 1], px, o, travel, ymin, ymax
 
 
 def cover(s: Layout, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -97,29 +97,42 @@ def test_pipelined_blocks_keep_the_busiest_pe_near_its_least() -> None:
         assert any(busy[b] > least * (1 + BUSY_SLACK) for b in busy)  # the rule rules something out
 
 
-def test_long_kernels_are_timed_from_a_few_blocks_within_two_percent() -> None:
+def test_long_kernels_are_timed_from_a_few_blocks_within_three_percent() -> None:
     """A block size with more than ``TIMED_BLOCKS`` blocks is timed on its first 8 and 16 and extrapolated:
-    the busiest PE's cycles exactly (every block adds the same work), the kernel's within 2%: exactly in
-    the streaming case at 99%, to about 1% in the pipelined one at 90%, where data movement sets the pace."""
+    the busiest PE's cycles exactly (every block adds the same work), the kernel's within 3%, whatever
+    the cut: each kernel at its width is laid out at every limit in ``DRIFTS`` (most are exact; one-row
+    blocks of the unlimited cut at 99% come out 2.3% short)."""
     assert TIMED_BLOCKS == 16
     for outputs, sparsity, mode in ((1024, 0.99, "streaming"), (256, 0.9, "pipelined")):
         torch.manual_seed(0)
         layers = (torch.nn.Linear(256, outputs), torch.nn.GELU(), torch.nn.Linear(outputs, 256))
         model = torch.nn.Sequential(*layers)
         x = torch.randn(256, 256)
-        program = sparsefx.lower(sparsefx.compile(model, sparsity, (x,)), (x,), mesh=(32, 32), mode=mode)
+        sm = sparsefx.compile(model, sparsity, (x,))
+        program = sparsefx.lower(sm, (x,), mesh=(32, 32), mode=mode)
+        exact_seen = 0
         for k in (k for k in program.kernels if k.op == "sparse_matmul"):
-            known, chosen = layout(program, k), k.attrs["rows_in_flight"]
-            for b in (1, 2, 4, 8):  # 256 to 32 blocks
-                k.attrs["rows_in_flight"] = b
-                exact = kernel_alone(program, k, known)
-                cycles, busy = _timed(program, k, known, b)
-                assert abs(cycles / exact.end - 1) <= 0.02, (k.name, b, cycles, exact.end)
-                assert mode == "pipelined" or cycles == exact.end, (k.name, b, cycles, exact.end)
-                assert busy == int(exact.busy.max()), (k.name, b)
-            k.attrs["rows_in_flight"] = 256  # whole: as the full timing
-            assert kernel_alone(program, k, known, rows=256).end == kernel_alone(program, k, known).end
-            k.attrs["rows_in_flight"] = chosen
+            weight, mask = sm.get_parameter(k.attrs["param"]).detach(), sm.masks[k.attrs["param"]]
+            for drift in DRIFTS:
+                cut = dataclasses.replace(k, arrays={}, attrs=dict(k.attrs))
+                cut.attrs.pop("drift", None)
+                if drift is not None:
+                    cut.attrs["drift"] = drift
+                r = k.region
+                for role, tensor in place_sparse(weight, mask, r.width, r.height, "balanced", drift).items():
+                    cut.arrays[role] = program.add_array(f"cut.{k.name}.{role}", tensor)
+                known = layout(program, cut)
+                for b in (1, 2, 4, 8):  # 256 to 32 blocks
+                    cut.attrs["rows_in_flight"] = b
+                    exact = kernel_alone(program, cut, known)
+                    cycles, busy = _timed(program, cut, known, b)
+                    assert abs(cycles / exact.end - 1) <= 0.03, (k.name, drift, b, cycles, exact.end)
+                    assert busy == int(exact.busy.max()), (k.name, drift, b)
+                    exact_seen += cycles == exact.end
+                cut.attrs["rows_in_flight"] = 256  # whole: as the full timing
+                whole = kernel_alone(program, cut, known)
+                assert kernel_alone(program, cut, known, rows=256).end == whole.end
+        assert exact_seen >= 20  # of 24: the steady state is usually exact
 
 
 def _at_width(program: sparsefx.DataflowProgram, k, weight, mask, width: int, hidden: int) -> int:

@@ -14,6 +14,7 @@ constant, or a tuple or list of those::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,11 @@ class SparseWeight:
     mask: torch.Tensor
     bias: torch.Tensor | None
     param: str = ""  # the parameter's name in the model, when it is one
+
+    @functools.cached_property
+    def nnz(self) -> int:
+        """The mask's kept entries, counted once (a copy with another mask counts its own)."""
+        return int(torch.count_nonzero(self.mask))
 
 
 @dataclass

@@ -39,7 +39,7 @@ def dense_pending(p: Pending) -> Pending:
     if p.sparse is None:
         return p
     sw = p.sparse
-    nnz = max(int(sw.mask.sum()), 1)
+    nnz = max(sw.nnz, 1)
     mask = torch.ones_like(sw.mask)
     return dataclasses.replace(
         p, sparse=dataclasses.replace(sw, mask=mask), flops=p.flops * mask.numel() // nnz

@@ -69,7 +69,7 @@ def min_width(p: Pending, lanes: int, sram: int, rows: int = ROWS_IN_FLIGHT) -> 
     rows_bytes = rows * itemsize(p.dtype)
     if p.sparse is not None:
         out, inp = p.sparse.weight.shape
-        nnz = int(p.sparse.mask.sum())
+        nnz = p.sparse.nnz
         value = p.sparse.weight.element_size()
         band = math.ceil(inp / lanes)
         per_lane_fixed = (band + 1) * 4 + band * rows_bytes

@@ -22,6 +22,8 @@ empty ranges at 0. The arrays follow ``runtime/csc.py``::
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from sparsefx.runtime.program import lane_bounds
@@ -48,15 +50,8 @@ def place_balanced(
     row cut within that many input features of its lane's boundary."""
     out_features, in_features = weight.shape
     pes = width * height
-    flat = mask.reshape(-1).nonzero().squeeze(1)  # by output, then input
-    nnz = len(flat)
-    column = _run_of(torch.arange(nnz), torch.tensor(nnz), width)
-    # Within each column, by input then output: a stable sort keeps the output order of one input.
-    key, order = torch.sort(column * in_features + flat % in_features, stable=True)
-    flat, column = flat[order], column[order]
-    del order
+    flat, column, key = _by_column(mask, width)
     row = _rows(key, column, width, height, in_features, drift)
-    del key
     pe = row * width + column
     del row, column
     # PE order (row-major in the region); within a PE the nonzeros stay by input, then output.
@@ -87,6 +82,26 @@ def place_balanced(
         "row_idx": (i - out_lo[pe]).to(torch.int32 if wide else torch.int16),
         "values": weight.reshape(-1)[flat],
     }
+
+
+_LAST: list = []  # the last ``_by_column``: (weak ref to the mask, its version, width, result)
+
+
+def _by_column(mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The nonzeros' flat positions ``output * in + input`` cut into ``width`` columns (the first cut),
+    each column's by input then output, with their columns and sort keys ``column * in + input``. The
+    tuner places one width at several row-cut limits in a row, so the last one is kept."""
+    if _LAST and _LAST[0]() is mask and _LAST[1] == mask._version and _LAST[2] == width:
+        return _LAST[3]
+    in_features = mask.shape[1]
+    flat = mask.reshape(-1).nonzero().squeeze(1)  # by output, then input
+    nnz = len(flat)
+    column = _run_of(torch.arange(nnz), torch.tensor(nnz), width)
+    # Within each column, by input then output: a stable sort keeps the output order of one input.
+    key, order = torch.sort(column * in_features + flat % in_features, stable=True)
+    got = (flat[order], column[order], key)
+    _LAST[:] = [weakref.ref(mask), mask._version, width, got]
+    return got
 
 
 def _rows(

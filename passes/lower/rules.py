@@ -457,7 +457,7 @@ def _matmul_kernel(b: Builder, c: Call, x: Ref, sw: SparseWeight, attrs: dict[st
         rows = c.out.shape[0] * math.prod(c.out.shape[2:])
     else:
         rows = math.prod(c.out.shape) // sw.weight.shape[0]
-    nnz = int(sw.mask.sum())
+    nnz = sw.nnz
     attrs = {
         **attrs,
         "in_features": int(sw.weight.shape[1]),
@@ -531,7 +531,7 @@ def _conv(
     sw = SparseWeight(w.reshape(out_ch, -1).contiguous(), m.reshape(out_ch, -1).contiguous(), bias, param)
     if kind == "conv1d":
         rows = c.out.shape[0] * c.out.shape[-1]
-        nnz = int(sw.mask.sum())
+        nnz = sw.nnz
         attrs |= {
             "in_features": int(sw.weight.shape[1]),
             "out_features": out_ch,

@@ -28,6 +28,8 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+import torch
+
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.cost import rows_of
 from sparsefx.runtime.memory import ROWS_IN_FLIGHT
@@ -61,8 +63,8 @@ def split(p: Pending, parts: int) -> list[Pending]:
         shape = list(p.shape)
         shape[dim] = b - a
         bias = None if sw.bias is None else sw.bias[a:b]
-        nnz = int(sw.mask[a:b].sum())
-        total = max(int(sw.mask.sum()), 1)
+        nnz = int(torch.count_nonzero(sw.mask[a:b]))
+        total = max(sw.nnz, 1)
         pieces.append(
             dataclasses.replace(
                 p,

@@ -6,8 +6,8 @@ ranges and its column offsets are loaded from off-mesh memory like the nonzeros,
 more PEs on their way east. On a 757x996 mesh a 768-to-768 layer at 90% has about one nonzero per PE
 at full width, and its ranges and offsets come to some 27 MB against 0.35 MB of nonzeros, so the load
 sets its time. The widths tried run from the narrowest whose PEs hold the data up to the kernel's cap,
-doubling (``widths``); once ``WORSE_IN_A_ROW`` widths in a row are slower than the best so far the
-search stops. A streaming kernel's time counts the part of its weight load (``cost.load_cycles``)
+doubling (``widths``); once ``WORSE_IN_A_ROW`` widths in a row are expected slower than the best so
+far the search stops. A streaming kernel's time counts the part of its weight load (``cost.load_cycles``)
 that the kernel before it does not hide: a load overlaps the previous kernel's run (timed alone,
 ``hidden_behind``) but never its own. On 64x64 the layer norm or GELU before a GPT-2 layer hides
 most of its load and the layers keep the whole mesh; on ``wse2`` a layer norm hides little of 27 MB
@@ -21,10 +21,13 @@ to reach it. On a layer whose inputs are most of its traffic (GPT-2 small's 3072
 no limit, every PE within one nonzero; ``0``: each row holds exactly its lane's features). The kernel
 records its limit in ``attrs["drift"]`` (absent: none).
 
-**Block size**: each mapping is timed at its fastest (``blocks.best_sparse``), together with the
-kernels that take its block size (a GELU after the layer): the width and cut are chosen for them too.
+**Block size** and **ranking**: every (width, limit, block size) is ranked by the cycles the cost
+rules give it in closed form (``blocks.ranked``: ``runtime.estimate.sparse_alone``, plus the kernels
+that take its block size, a GELU after the layer, timed, and the unhidden load), and only the
+``blocks.TIMED_CANDIDATES`` best are timed on the clock: the width, cut and block size are chosen
+for those kernels too, and a search costs a few timings, not one per mapping (``wse2`` has hundreds).
 
-The fastest mapping wins; ties go to the narrower width and the earlier limit. A later kernel of the
+The fastest mapping timed wins; ties go to the better ranked. A later kernel of the
 same shape, region and density (the next layer of a stack) takes the first one's width and limit
 untimed, and with balanced placement its block size too (a balanced cut spreads any layer's nonzeros
 alike; a block placement's imbalance follows each layer's mask, so ``plan_blocks`` searches it). The
@@ -47,12 +50,12 @@ import torch
 from sparsefx.runtime.alone import kernel_alone
 from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
-from sparsefx.runtime.layout import Layout, weight_bytes
+from sparsefx.runtime.layout import Layout, layout, weight_bytes
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.op_kinds import ROW_MATMULS
 from sparsefx.runtime.program import Kernel, ProgramData, Region
 
-from .blocks import WORSE_IN_A_ROW, best_sparse
+from .blocks import TIMED_CANDIDATES, WORSE_IN_A_ROW, ranked, timed
 from .builder import Pending
 from .place_sparse import place_sparse
 
@@ -102,40 +105,59 @@ def search(
     hidden: int = 0,
 ) -> Choice | None:
     """The fastest mapping of ``k`` (module docstring), or None when none fits. ``place(k, drift)`` lays
-    out its data on ``k.region`` as it stands and returns the layout (kept in the choice; a limit that
-    cuts as an earlier one did at this width is not timed again); ``hidden``: cycles of its load the
-    kernel before hides. Leaves ``k`` at its starting region, laid out as last tried."""
+    out its data on ``k.region`` as it stands and returns the layout (a ``Layout``, or the arrays it
+    installed; a limit that cuts as an earlier one did at this width is not ranked again); ``hidden``:
+    cycles of its load the kernel before hides. Every (width, limit, block size) is ranked by its
+    expected cycles (``blocks.ranked``, with its unhidden load), and the ``TIMED_CANDIDATES`` best are
+    timed on the clock; ties go to the earlier ranked. Leaves ``k`` at its starting region, laid out as
+    last timed."""
     start = k.region
     tried = widths(narrowest, start.width) if program.mode == "streaming" else [start.width]
-    best: Choice | None = None
+    pool: list[tuple[int, int, int, int | None, int]] = []  # (expected, order, width, drift, rows)
+    best_here: int | None = None
     worse = 0
     for w in tried:
         k.region = Region(start.x, start.y, w, start.height)
-        here: Choice | None = None
-        seen: list[Any] = []  # layouts timed at this width: two limits often cut alike
+        here: int | None = None
+        seen: list[Any] = []  # layouts at this width: two limits often cut alike
         for drift in drifts:
             laid = place(k, drift)
             if any(_same(laid, other) for other in seen):
                 continue
             seen.append(laid)
-            timed = best_sparse(program, k)
-            if timed is None:
-                continue
-            cycles = timed[0]
-            if program.mode == "streaming":
-                cycles += max(0, load_cycles(weight_bytes(program, k), program.hardware) - hidden)
-            if here is None or cycles < here.cycles:
-                here = Choice(cycles, w, drift, timed[1], timed[2], laid)
+            known = laid if isinstance(laid, Layout) else layout(program, k)
+            load = _unhidden(program, k, hidden)
+            for c in ranked(program, k, known):
+                pool.append((c.estimate + load, len(pool), w, drift, c.rows))
+                here = c.estimate + load if here is None else min(here, c.estimate + load)
         if here is None:
             continue
-        if best is None or here.cycles < best.cycles:
-            best, worse = here, 0
+        if best_here is None or here < best_here:
+            best_here, worse = here, 0
         else:
             worse += 1
             if worse == WORSE_IN_A_ROW:
                 break
+    best: Choice | None = None
+    at: tuple[int, int | None] | None = None
+    for _, _, w, drift, rows in sorted(pool)[:TIMED_CANDIDATES]:
+        k.region = Region(start.x, start.y, w, start.height)
+        if at != (w, drift):
+            laid, at = place(k, drift), (w, drift)
+            known = laid if isinstance(laid, Layout) else layout(program, k)
+        cycles, alone = timed(program, k, known, rows)
+        cycles += _unhidden(program, k, hidden)
+        if best is None or cycles < best.cycles:
+            best = Choice(cycles, w, drift, rows, alone, laid)
     k.region = start
     return best
+
+
+def _unhidden(program: ProgramData, k: Kernel, hidden: int) -> int:
+    """Streaming: the cycles of ``k``'s weight load that the kernel before it does not hide."""
+    if program.mode != "streaming":
+        return 0
+    return max(0, load_cycles(weight_bytes(program, k), program.hardware) - hidden)
 
 
 def _same(a: Any, b: Any) -> bool:
