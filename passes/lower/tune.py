@@ -17,8 +17,9 @@ and most layers take 23 columns. In pipelined mode the width is the share ``plac
 but a row's inputs then drift off its lane, and each feature that drifted forks up or down the column
 to reach it. On a layer whose inputs are most of its traffic (GPT-2 small's 3072-input projection on a
 64x64 mesh) the forks cost more than the imbalance they remove; on one whose outputs are (its
-768-to-3072 expansion) the balance wins. Each width is placed at every limit in ``DRIFTS`` (``None``:
-no limit, every PE within one nonzero; ``0``: each row holds exactly its lane's features). The kernel
+768-to-3072 expansion) the balance wins. Every width is placed with no limit (``None``: every PE
+within one nonzero), and the ``CUT_WIDTHS`` widths that did best there at the other limits in
+``DRIFTS`` too (``0``: each row holds exactly its lane's features). The kernel
 records its limit in ``attrs["drift"]`` (absent: none).
 
 **Block size** and **ranking**: every (width, limit, block size) is ranked by the cycles the cost
@@ -59,10 +60,23 @@ from .blocks import TIMED_CANDIDATES, WORSE_IN_A_ROW, ranked, timed
 from .builder import Pending
 from .place_sparse import place_sparse
 
-__all__ = ["Choice", "DRIFTS", "Report", "widths", "search", "tune_sparse", "rowwise", "hidden_behind"]
+__all__ = [
+    "CUT_WIDTHS",
+    "Choice",
+    "DRIFTS",
+    "Report",
+    "widths",
+    "search",
+    "tune_sparse",
+    "rowwise",
+    "hidden_behind",
+]
 
 DRIFTS: tuple[int | None, ...] = (None, 16, 0)
 """The limits tried, in order of preference."""
+
+CUT_WIDTHS = 2
+"""Widths at which the limits after the first are placed and ranked: those where the first did best."""
 
 Report = Callable[[str, int, int], None]
 """``report(kernel name, kernels done, kernels in all)``: progress through a tuning loop."""
@@ -107,37 +121,44 @@ def search(
     """The fastest mapping of ``k`` (module docstring), or None when none fits. ``place(k, drift)`` lays
     out its data on ``k.region`` as it stands and returns the layout (a ``Layout``, or the arrays it
     installed; a limit that cuts as an earlier one did at this width is not ranked again); ``hidden``:
-    cycles of its load the kernel before hides. Every (width, limit, block size) is ranked by its
-    expected cycles (``blocks.ranked``, with its unhidden load), and the ``TIMED_CANDIDATES`` best are
-    timed on the clock; ties go to the earlier ranked. Leaves ``k`` at its starting region, laid out as
+    cycles of its load the kernel before hides. Every width is ranked under the first limit, the other
+    limits at the ``CUT_WIDTHS`` widths where it did best; each (width, limit, block size) by its
+    expected cycles (``blocks.ranked``, with its unhidden load). The ``TIMED_CANDIDATES`` best are timed
+    on the clock; ties go to the earlier ranked. Leaves ``k`` at its starting region, laid out as
     last timed."""
     start = k.region
     tried = widths(narrowest, start.width) if program.mode == "streaming" else [start.width]
     pool: list[tuple[int, int, int, int | None, int]] = []  # (expected, order, width, drift, rows)
-    best_here: int | None = None
-    worse = 0
-    for w in tried:
+    seen: dict[int, list[Any]] = {w: [] for w in tried}  # layouts at each width: limits often cut alike
+
+    def rank(w: int, limits: Sequence[int | None]) -> int | None:
+        """Rank ``k`` at width ``w`` under ``limits``; the best expected cycles (None: nothing fits)."""
         k.region = Region(start.x, start.y, w, start.height)
         here: int | None = None
-        seen: list[Any] = []  # layouts at this width: two limits often cut alike
-        for drift in drifts:
+        for drift in limits:
             laid = place(k, drift)
-            if any(_same(laid, other) for other in seen):
+            if any(_same(laid, other) for other in seen[w]):
                 continue
-            seen.append(laid)
+            seen[w].append(laid)
             known = laid if isinstance(laid, Layout) else layout(program, k)
             load = _unhidden(program, k, hidden)
             for c in ranked(program, k, known):
                 pool.append((c.estimate + load, len(pool), w, drift, c.rows))
                 here = c.estimate + load if here is None else min(here, c.estimate + load)
+        return here
+
+    by_width: dict[int, int] = {}  # the first limit at each width, narrowest first
+    worse = 0
+    for w in tried:
+        here = rank(w, drifts[:1])
         if here is None:
             continue
-        if best_here is None or here < best_here:
-            best_here, worse = here, 0
-        else:
-            worse += 1
-            if worse == WORSE_IN_A_ROW:
-                break
+        worse = worse + 1 if by_width and here >= min(by_width.values()) else 0
+        by_width[w] = here
+        if worse == WORSE_IN_A_ROW:
+            break
+    for w in sorted(by_width, key=by_width.__getitem__)[:CUT_WIDTHS] if by_width else tried:
+        rank(w, drifts[1:])  # the other limits where the first did best
     best: Choice | None = None
     at: tuple[int, int | None] | None = None
     for _, _, w, drift, rows in sorted(pool)[:TIMED_CANDIDATES]:
