@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .memo import kept
 from .memory import itemsize
 from .program import Kernel, ProgramData, lane_bounds
 from .sparse_eval import read_slices
@@ -76,11 +77,17 @@ def layout(program: ProgramData, k: Kernel) -> Layout:
 
 def balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | None) -> Layout:
     """The balanced placement of an all-ones ``[out_f, in_f]`` weight on ``width`` x ``height`` PEs
-    (``passes/lower/place_balanced.py``), from how many outputs of each input every column holds.
+    (``passes/lower/place_balanced.py``), from how many outputs of each input every column holds; a
+    geometry, so it is kept (``memo.kept``) and the same ``Layout`` comes back for the same arguments.
 
     Column ``c`` takes flat entries ``[c * n // width, (c + 1) * n // width)`` of the weight in output
     order; in its input order, input ``j`` holds outputs ``first[c, j]`` on, ``count[c, j]`` of them.
     The row cuts then follow ``place_balanced``'s rule on the running counts ``ptr``."""
+    key = ("balanced ones", in_f, out_f, width, height, drift)
+    return kept(None, key, lambda: _balanced_ones(in_f, out_f, width, height, drift))
+
+
+def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | None) -> Layout:
     n = in_f * out_f
     edges = torch.arange(width + 1, dtype=torch.int64) * n // width
     a, b, j = edges[:-1, None], edges[1:, None], torch.arange(in_f)[None, :]
