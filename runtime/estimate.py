@@ -40,7 +40,7 @@ import torch
 
 from .blocking import block_sizes, kernel_lanes, lane_rank
 from .cost import axpy_cycles, partial_add_cycles, rows_of, wavelets
-from .intervals import column_load, merges
+from .intervals import Holders, column_load, merges
 from .layout import Layout
 from .memo import kept
 from .program import Kernel, ProgramData, lane_bounds
@@ -91,7 +91,7 @@ def _adds(k: Kernel, s: Layout) -> torch.Tensor:
 
     def build() -> torch.Tensor:
         lane = lane_rank(lane_bounds(s.out_features, lanes), torch.arange(s.out_features))[0]
-        return merges(s, r.width, r.height, lane)
+        return merges(s, r.width, r.height, lane, _holders(k, s))
 
     return kept(s.counts, ("adds", r.width, r.height, lanes), build)
 
@@ -125,7 +125,13 @@ def _busiest_link(k: Kernel, s: Layout) -> int:
     lanes = kernel_lanes(k, s.out_features)
 
     def build() -> int:
-        south, north = column_load(s, r.width, r.height, lanes)[:2]
+        south, north = column_load(s, r.width, r.height, lanes, _holders(k, s))[:2]
         return int(torch.maximum(south, north).max()) if south.numel() else 0
 
     return kept(s.counts, ("busiest link", r.width, r.height, lanes), build)
+
+
+def _holders(k: Kernel, s: Layout) -> Holders:
+    """The region's ``Holders``, built once for the adds and the column links, kept with the counts."""
+    r = k.region
+    return kept(s.counts, ("holders", r.width, r.height), lambda: Holders(s, r.width, r.height))
