@@ -34,10 +34,11 @@ def _alone(program: sparsefx.DataflowProgram, name: str, arrays: dict | None = N
 
 
 def test_each_kernel_keeps_the_fastest_limit_and_its_outputs() -> None:
-    """Each sparse matmul keeps, of every limit in ``DRIFTS``, the one the tuner's clock finds fastest at
-    its width (its best block size, which it keeps too, plus the part of its weight load the kernel
-    before does not hide; the earlier limit on a tie), and records it in ``attrs["drift"]``, absent only
-    for no limit. The outputs are unchanged and the limit survives the text form."""
+    """Each sparse matmul keeps, of every limit in ``DRIFTS``, the one the clock finds fastest at its
+    width (each at its best block size of those ``best_sparse`` times, which it keeps too, plus the part
+    of its weight load the kernel before does not hide; the earlier limit on a tie), and records it in
+    ``attrs["drift"]``, absent only for no limit: ranking the mappings and timing only the best few
+    (``tune.search``) finds it here. The outputs are unchanged and the limit survives the text form."""
     sm, x, program = _lowered(64, 64)
     trial = copy.deepcopy(program)  # each limit is laid out here; ``program`` stays as lowered
     ran: dict[str, int] = {}  # the cycles alone of each kernel's kept mapping, as the tuner records them
