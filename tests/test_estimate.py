@@ -68,6 +68,7 @@ def _exhaustive(monkeypatch: pytest.MonkeyPatch) -> None:
     """The search with every mapping timed on the clock and no width left untried."""
     monkeypatch.setattr(tune, "TIMED_CANDIDATES", 1 << 20)
     monkeypatch.setattr(tune, "WORSE_IN_A_ROW", 1 << 20)
+    monkeypatch.setattr(tune, "CUT_WIDTHS", 1 << 20)
     monkeypatch.setattr(blocks, "TIMED_CANDIDATES", 1 << 20)
 
 

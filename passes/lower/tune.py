@@ -18,7 +18,7 @@ but a row's inputs then drift off its lane, and each feature that drifted forks 
 to reach it. On a layer whose inputs are most of its traffic (GPT-2 small's 3072-input projection on a
 64x64 mesh) the forks cost more than the imbalance they remove; on one whose outputs are (its
 768-to-3072 expansion) the balance wins. Every width is placed with no limit (``None``: every PE
-within one nonzero), and the ``CUT_WIDTHS`` widths that did best there at the other limits in
+within one nonzero), and the ``CUT_WIDTHS`` width(s) that did best there at the other limits in
 ``DRIFTS`` too (``0``: each row holds exactly its lane's features). The kernel
 records its limit in ``attrs["drift"]`` (absent: none).
 
@@ -75,8 +75,10 @@ __all__ = [
 DRIFTS: tuple[int | None, ...] = (None, 16, 0)
 """The limits tried, in order of preference."""
 
-CUT_WIDTHS = 2
-"""Widths at which the limits after the first are placed and ranked: those where the first did best."""
+CUT_WIDTHS = 1
+"""Widths at which the limits after the first are placed and ranked: those where the first did best.
+On GPT-2 small at 90% (64x64 and ``wse2``, streaming) 1 and 2 gave programs of the same cycles;
+1 places fewer."""
 
 Report = Callable[[str, int, int], None]
 """``report(kernel name, kernels done, kernels in all)``: progress through a tuning loop."""
@@ -122,7 +124,7 @@ def search(
     out its data on ``k.region`` as it stands and returns the layout (a ``Layout``, or the arrays it
     installed; a limit that cuts as an earlier one did at this width is not ranked again); ``hidden``:
     cycles of its load the kernel before hides. Every width is ranked under the first limit, the other
-    limits at the ``CUT_WIDTHS`` widths where it did best; each (width, limit, block size) by its
+    limits at the ``CUT_WIDTHS`` width(s) where it did best; each (width, limit, block size) by its
     expected cycles (``blocks.ranked``, with its unhidden load). The ``TIMED_CANDIDATES`` best are timed
     on the clock; ties go to the earlier ranked. Leaves ``k`` at its starting region, laid out as
     last timed."""
