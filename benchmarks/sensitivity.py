@@ -40,7 +40,7 @@ the table of an earlier ``--json`` run, and with ``--readme`` writes it, without
 ``--layers``, ``--vocab`` and ``--mesh`` shrink the run for development; the README table comes
 from the pinned settings only (``--readme`` refuses others)::
 
-    .venv/bin/python benchmarks/sensitivity.py --readme --json out/sensitivity.json   # 20-40 minutes
+    .venv/bin/python benchmarks/sensitivity.py --readme --json out/sensitivity.json   # about 5 minutes
     .venv/bin/python benchmarks/sensitivity.py --from-json out/sensitivity.json --readme  # seconds
     .venv/bin/python benchmarks/sensitivity.py --layers 2 --vocab 1000                # development
 """
