@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import torch
 
-from .blocking import block_sizes, kernel_lanes, lane_rank
+from .blocking import block_sizes, kernel_lanes
 from .cost import axpy_cycles, partial_add_cycles, rows_of, wavelets
-from .intervals import Holders, column_load, merges
+from .intervals import Holders, column_load, lane_merges
 from .layout import Layout
 from .memo import kept
 from .program import Kernel, ProgramData, lane_bounds
@@ -90,15 +90,14 @@ def _adds(k: Kernel, s: Layout) -> torch.Tensor:
     lanes = kernel_lanes(k, s.out_features)
 
     def build() -> torch.Tensor:
-        lane = lane_rank(lane_bounds(s.out_features, lanes), torch.arange(s.out_features))[0]
-        return merges(s, r.width, r.height, lane, _holders(k, s))
+        return lane_merges(s, r.width, r.height, lanes, _holders(k, s))
 
     return kept(s.counts, ("adds", r.width, r.height, lanes), build)
 
 
-def sparse_alone(program: ProgramData, k: Kernel, s: Layout, b: int) -> int:
+def sparse_alone(program: ProgramData, k: Kernel, s: Layout, b: int, busy: int | None = None) -> int:
     """Cycles sparse matmul ``k`` with layout ``s`` should take alone at ``b`` rows per block (module
-    docstring)."""
+    docstring); ``busy``: its ``busiest_pe``, when the caller has it."""
     hw, r = program.hardware, k.region
     if r.pes == 0:
         return 0
@@ -106,7 +105,7 @@ def sparse_alone(program: ProgramData, k: Kernel, s: Layout, b: int) -> int:
     first, last = int(sizes[0]), int(sizes[-1])
     waves = sum(wavelets(int(n), k.dtype, hw) for n in sizes.tolist())
     columns, nonzeros = _per_pe(k, s)
-    busy = busiest_pe(program, k, s, b)
+    busy = busiest_pe(program, k, s, b) if busy is None else busy
     work = _block_work(program, k, columns, nonzeros, first)
     lane_in = int(lane_bounds(s.in_features, kernel_lanes(k, s.in_features)).diff().max())
     lane_out = int(lane_bounds(s.out_features, kernel_lanes(k, s.out_features)).diff().max())

@@ -58,7 +58,7 @@ from .cost import (
     wavelets,
 )
 from .host import edge_queued, outputs_in_host
-from .intervals import Columns, Holders, busiest_link, column_load, cumcount, merges
+from .intervals import Columns, Holders, busiest_link, column_load, cumcount, lane_merges
 from .layout import Layout, layout, weight_bytes
 from .memo import kept_for
 from .op_kinds import ROW_MATMULS, op_kind
@@ -612,10 +612,9 @@ class FastClock:
 
     def _merges(self, k: Kernel, s: Layout) -> torch.Tensor:
         """``[region pes]``: the partial-sum adds each PE does per block (``intervals.merges``)."""
-        lanes = kernel_lanes(k, s.out_features)
-        lane = lane_rank(lane_bounds(s.out_features, lanes), torch.arange(s.out_features))[0]
-        holders = self._kept(k, ("holders",), lambda: Holders(s, k.region.width, k.region.height))
-        return merges(s, k.region.width, k.region.height, lane, holders)
+        r = k.region
+        holders = self._kept(k, ("holders",), lambda: Holders(s, r.width, r.height))
+        return lane_merges(s, r.width, r.height, kernel_lanes(k, s.out_features), holders)
 
     def _segments(self, k: Kernel, s: Layout, lanes: int) -> tuple[torch.Tensor, ...]:
         """``_column_load``, with the rows of each pair as one segment id ``(column * h + first) * h +

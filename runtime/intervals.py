@@ -285,6 +285,13 @@ def stab(a: torch.Tensor, b: torch.Tensor, value: torch.Tensor, n: int, empty: i
     return best
 
 
+def lane_merges(s: Layout, width: int, height: int, lanes: int, held: Holders | None = None) -> torch.Tensor:
+    """``merges`` of a region whose outputs are spread over ``lanes`` lanes (``lane_bounds``), as a
+    sparse matmul's are."""
+    lane = lane_rank(lane_bounds(s.out_features, lanes), torch.arange(s.out_features))[0]
+    return merges(s, width, height, lane, held)
+
+
 def merges(
     s: Layout, width: int, height: int, lanes: torch.Tensor, held: Holders | None = None
 ) -> torch.Tensor:

@@ -136,7 +136,8 @@ def ranked(
         k.attrs["rows_in_flight"] = b
         if not k.attrs.get("all_ones") and not fits(program, k, beside):
             continue
-        cycles, busy = sparse_alone(program, k, known, b), busiest_pe(program, k, known, b)
+        busy = busiest_pe(program, k, known, b)
+        cycles = sparse_alone(program, k, known, b, busy)
         for c, key in after:
             end, most = _follower(program, c, b, key)
             cycles, busy = cycles + end, max(busy, most)

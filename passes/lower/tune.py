@@ -132,17 +132,21 @@ def search(
     tried = widths(narrowest, start.width) if program.mode == "streaming" else [start.width]
     pool: list[tuple[int, int, int, int | None, int]] = []  # (expected, order, width, drift, rows)
     seen: dict[int, list[Any]] = {w: [] for w in tried}  # layouts at each width: limits often cut alike
+    installed: tuple[int, int | None, Any, Layout] | None = None  # (width, drift, laid, layout): k's now
 
     def rank(w: int, limits: Sequence[int | None]) -> int | None:
         """Rank ``k`` at width ``w`` under ``limits``; the best expected cycles (None: nothing fits)."""
+        nonlocal installed
         k.region = Region(start.x, start.y, w, start.height)
         here: int | None = None
         for drift in limits:
             laid = place(k, drift)
             if any(_same(laid, other) for other in seen[w]):
+                installed = None  # placed, but its layout was not read
                 continue
             seen[w].append(laid)
             known = laid if isinstance(laid, Layout) else layout(program, k)
+            installed = (w, drift, laid, known)
             load = _unhidden(program, k, hidden)
             for c in ranked(program, k, known):
                 pool.append((c.estimate + load, len(pool), w, drift, c.rows))
@@ -162,12 +166,12 @@ def search(
     for w in sorted(by_width, key=by_width.__getitem__)[:CUT_WIDTHS] if by_width else tried:
         rank(w, drifts[1:])  # the other limits where the first did best
     best: Choice | None = None
-    at: tuple[int, int | None] | None = None
     for _, _, w, drift, rows in sorted(pool)[:TIMED_CANDIDATES]:
         k.region = Region(start.x, start.y, w, start.height)
-        if at != (w, drift):
-            laid, at = place(k, drift), (w, drift)
-            known = laid if isinstance(laid, Layout) else layout(program, k)
+        if installed is None or installed[:2] != (w, drift):  # lay it out again, as it was ranked
+            laid = place(k, drift)
+            installed = (w, drift, laid, laid if isinstance(laid, Layout) else layout(program, k))
+        laid, known = installed[2:]
         cycles, alone = timed(program, k, known, rows)
         cycles += _unhidden(program, k, hidden)
         if best is None or cycles < best.cycles:
