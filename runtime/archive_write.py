@@ -4,7 +4,7 @@ Only the writer: it sits below ``DataflowProgram`` (``runtime/dataflow.py``), wh
 takes any ``ProgramData``. The format's names and limits are here, and ``archive.py`` re-exports them::
 
     >>> MEMBERS, FORMAT, FORMAT_VERSION, READS_VERSIONS
-    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 3, (1, 2, 3))
+    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 4, (1, 2, 3, 4))
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ __all__ = [
 ]
 
 FORMAT = "sparsefx-program"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """The manifest's ``format_version`` this sparsefx writes. 2: the hardware line has
 ``vector_start_cycles``. 3: the hardware line has ``sram_bytes_per_cycle`` and the output tree may
-have ``cat`` nodes (``runtime/outputs.py``). Files of ``READS_VERSIONS`` load (a field an older file
+have ``cat`` nodes (``runtime/outputs.py``). 4: a sparse matmul may store its weight packed
+(``runtime/encoding.py``: ``index``, ``pe_nnz``). Files of ``READS_VERSIONS`` load (a field an older file
 lacks takes its default); any other version is refused, naming both."""
 
-READS_VERSIONS = (1, 2, 3)
+READS_VERSIONS = (1, 2, 3, 4)
 
 MANIFEST, TEXT, TENSORS = "manifest.json", "program.txt", "tensors.safetensors"
 MEMBERS = (MANIFEST, TEXT, TENSORS)

@@ -28,6 +28,7 @@ import torch
 
 from sparsefx.errors import ProgramFormatError
 
+from .encoding import decode
 from .program import lane_bounds
 
 __all__ = ["assemble", "pe_nnz", "imbalance"]
@@ -64,8 +65,10 @@ def assemble(
     """The dense weight ``[out, in]`` (zeros off the mask) and its bool mask, rebuilt from per-PE slices.
 
     ``arrays`` needs ``out_lo``, ``nz_ptr``, ``col_ptr_off``, ``col_ptr``, ``row_idx`` and ``values``
-    (the module docstring has an example). Raises ``ProgramFormatError`` when their sizes disagree.
+    (the module docstring has an example), or the packed form (``encoding.py``). Raises
+    ``ProgramFormatError`` when their sizes disagree.
     """
+    arrays = decode(arrays)
     pes = width * height
     nz_ptr = arrays["nz_ptr"].to(torch.int64)
     col_off = arrays["col_ptr_off"].to(torch.int64)

@@ -1,7 +1,8 @@
 """Where a sparse matmul's nonzeros sit, as the clocks read it: per PE, its input and output ranges and
 the nonzeros of each of its input columns.
 
-``layout(program, kernel)`` reads the kernel's CSC slices. A kernel marked ``all_ones`` (the dense
+``layout(program, kernel)`` reads the kernel's CSC slices (decoded once where the program stores them
+packed, ``encoding.py``). A kernel marked ``all_ones`` (the dense
 baseline, ``runtime/baseline.py``) holds every weight: its layout is a placement's geometry, with no
 arrays at all, so a dense GPT-2 costs nothing to describe. ``all_ones: true`` is the block placement;
 ``all_ones: "balanced"`` the balanced placement of an all-ones weight (``attrs["drift"]`` its row-cut
@@ -15,8 +16,8 @@ limit), computed here from counts alone, equal to what ``place_balanced`` gives 
     >>> s = layout(p, k)
     >>> s.in_lo.tolist(), s.out_lo.tolist(), s.span.tolist(), s.counts.tolist()
     ([0, 0, 2, 2], [0, 3, 0, 3], [3, 3, 3, 3], [3, 3, 3, 3, 3, 3, 3, 3])
-    >>> weight_bytes(p, k)  # a dense layout: 24 fp32 values and 4 int32 ranges on each of 4 PEs
-    160
+    >>> weight_bytes(p, k)  # a dense layout: 24 fp32 values and 4 one-byte ranges on each of 4 PEs
+    112
 
 A kernel that keeps every entry of its weight (``dense_layout``: the baseline's, or a real one lowered
 at sparsity 0 or kept dense) stores and loads it in a dense layout: each PE's values in order, found
@@ -30,15 +31,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .encoding import range_bytes, sparse_arrays
 from .memo import kept
 from .memory import itemsize
 from .program import Kernel, ProgramData, lane_bounds
 from .sparse_eval import read_slices
 
-__all__ = ["Layout", "layout", "weight_bytes", "dense_layout", "RANGE_BYTES", "balanced_ones"]
-
-RANGE_BYTES = 16
-"""Bytes of a PE's ranges in a sparse matmul's arrays: ``in_lo``, ``in_hi``, ``out_lo``, ``out_hi``, int32."""
+__all__ = ["Layout", "layout", "weight_bytes", "dense_layout", "balanced_ones"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def layout(program: ProgramData, k: Kernel) -> Layout:
         out_lo, span = outs[:-1].repeat(r.height), outs.diff().repeat(r.height)
         counts = torch.repeat_interleave(span, in_hi - in_lo)
         return Layout(in_f, out_f, in_lo, in_hi, out_lo, span, counts)
-    arrays = {role: program.arrays[name] for role, name in k.arrays.items()}
+    arrays = sparse_arrays(program, k)
     s = read_slices(arrays, in_f, out_f, r.width, r.height, f"kernel {k.name!r} ({k.op})")
     steps = s.col_ptr.diff()
     inside = torch.ones_like(steps, dtype=torch.bool)
@@ -157,16 +156,18 @@ def dense_layout(program: ProgramData, k: Kernel) -> bool:
 
 def weight_bytes(program: ProgramData, k: Kernel) -> int:
     """Bytes a kernel loads from off-mesh memory in weight-streaming mode: all its arrays, or for a dense
-    layout (``dense_layout``) its values, its PEs' ranges and its bias, with no indices or offsets.
+    layout (``dense_layout``) its values, its PEs' ranges (as packed: ``encoding.range_bytes``) and its
+    bias, with no indices or offsets.
 
     An all-ones kernel holds no arrays: its values are its weight's, of the kernel's dtype."""
     if not dense_layout(program, k):
         return sum(program.specs[a].nbytes for a in k.arrays.values())
+    ranges = range_bytes(int(k.attrs["in_features"]), int(k.attrs["out_features"]))
     if k.attrs.get("all_ones"):
         value = itemsize(k.dtype)
         values = int(k.attrs["in_features"]) * int(k.attrs["out_features"])
         bias = int(k.attrs["out_features"]) * value if k.attrs.get("bias") else 0
-        return values * value + RANGE_BYTES * k.region.pes + bias
+        return values * value + ranges * k.region.pes + bias
     spec = program.specs[k.arrays["values"]]
     bias = program.specs[k.arrays["bias"]].nbytes if "bias" in k.arrays else 0
-    return spec.nbytes + RANGE_BYTES * k.region.pes + bias
+    return spec.nbytes + ranges * k.region.pes + bias

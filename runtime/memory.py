@@ -77,8 +77,11 @@ def _resident(program: ProgramData, kernel: Kernel) -> torch.Tensor:
 
 
 def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
-    nz_ptr = program.array(kernel, "nz_ptr").to(torch.int64)
-    nnz = nz_ptr[1:] - nz_ptr[:-1]
+    if "pe_nnz" in kernel.arrays:  # packed: decoded as it arrives, held as CSC (``encoding.py``)
+        nnz = program.array(kernel, "pe_nnz").to(torch.int64)
+    else:
+        nz_ptr = program.array(kernel, "nz_ptr").to(torch.int64)
+        nnz = nz_ptr[1:] - nz_ptr[:-1]
     width = kernel.region.width
     if "in_lo" in kernel.arrays:
         in_widths = (program.array(kernel, "in_hi") - program.array(kernel, "in_lo")).to(torch.int64)
@@ -86,7 +89,10 @@ def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
         in_widths = _per_pe_rows(_lane_widths(int(kernel.attrs["in_features"]), kernel), kernel)
     out_span = (program.array(kernel, "out_hi") - program.array(kernel, "out_lo")).to(torch.int64)
     value_bytes = itemsize(program.specs[kernel.arrays["values"]].dtype)
-    index_bytes = itemsize(program.specs[kernel.arrays["row_idx"]].dtype)
+    if "row_idx" in kernel.arrays:
+        index_bytes = itemsize(program.specs[kernel.arrays["row_idx"]].dtype)
+    else:  # placement's rule for the decoded row indices
+        index_bytes = 2 if not len(out_span) or int(out_span.max()) < 2**15 else 4
     ptr_bytes = torch.where(nnz < 2**15, 2, 4)  # local column offsets: 16-bit where they fit
     rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
     total = nnz * (value_bytes + index_bytes) + (in_widths + 1) * ptr_bytes

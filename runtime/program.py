@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from .encoding import sparse_arrays
 from .mesh import HardwareSpec, MeshSpec
 from .op_kinds import KINDS
 
@@ -247,7 +248,10 @@ class ProgramData:
         return (r for r in self.routes if r.src == kernel or kernel in r.dsts)
 
     def array(self, kernel: Kernel, role: str) -> torch.Tensor:
-        """The payload of ``kernel``'s array ``role``."""
+        """The payload of ``kernel``'s array ``role``; for a sparse matmul stored packed, a CSC role
+        (``row_idx``, ``col_ptr`` ...) comes decoded (``encoding.sparse_arrays``)."""
+        if role not in kernel.arrays and "index" in kernel.arrays:
+            return sparse_arrays(self, kernel)[role]
         return self.arrays[kernel.arrays[role]]
 
     def runs(self, route: Route) -> torch.Tensor:
@@ -259,4 +263,3 @@ class ProgramData:
         """How many distinct colors the routes and tasks use."""
         colors = {r.color for r in self.routes} | {t.color for k in self.kernels for t in k.tasks}
         return len(colors)
-

@@ -62,6 +62,7 @@ from .cost import (
     task_overhead,
     wavelets,
 )
+from .encoding import sparse_arrays
 from .evaluate import bind_inputs, rebuild_outputs
 from .events import Cores, Events, Fabric
 from .host import outputs_in_host
@@ -200,7 +201,7 @@ class ReferenceMachine:
                     self.listener(k, args, out)
 
     def _sparse_value(self, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
-        arrays = {role: self.p.arrays[name] for role, name in k.arrays.items()}
+        arrays = sparse_arrays(self.p, k)
         r = k.region
         lanes = kernel_lanes(k, int(k.attrs["out_features"]))
 

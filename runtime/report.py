@@ -108,6 +108,8 @@ def summary_table(stats: RunStats) -> Any:
     ]
     if stats.mode == "streaming":
         rows.append(("weight bytes streamed", f"{stats.weight_bytes:,}"))
+    if stats.bytes_per_nonzero is not None:
+        rows.append(("bytes per nonzero (values, indices, ranges)", f"{stats.bytes_per_nonzero:.2f}"))
     total = stats.axpys + stats.skipped_axpys
     share = f" ({stats.skipped_axpys / total:.1%})" if total else ""
     rows += [

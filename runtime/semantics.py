@@ -30,9 +30,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sparsefx.errors import EmulationError
+from sparsefx.errors import EmulationError, ProgramFormatError
 
 from .elementwise import CASTS, call, keywords, operands
+from .encoding import sparse_arrays
 from .program import DTYPES, Kernel, ProgramData
 from .sparse_eval import sparse_matmul
 
@@ -301,7 +302,10 @@ def _sparse_matmul(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) 
     missing = [name for name in k.arrays.values() if name not in program.arrays]
     if missing:
         raise EmulationError(f"{_where(k)}: arrays {missing} have no payload (a program parsed from text?)")
-    arrays = {role: program.arrays[name] for role, name in k.arrays.items()}
+    try:
+        arrays = sparse_arrays(program, k, _where(k))
+    except ProgramFormatError as e:
+        raise EmulationError(str(e)) from None
     region = (k.region.width, k.region.height)
     return sparse_matmul(arrays, k.attrs, region, inputs[0], k.shape, _where(k))
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .layout import dense_layout
 from .layout import weight_bytes as weight_bytes_of
 from .memo import kept_for
 from .memory import sram_needed
@@ -134,6 +135,7 @@ class RunStats:
     busy_cycles: int = 0  # every PE's cycles of task work, summed
     wavelets_filtered: int = 0  # wavelets the senders did not send: all-zero messages (``Flow.live``)
     link_hops_filtered: int = 0  # the link hops (wavelets x links) those would have taken along the lanes
+    bytes_per_nonzero: float | None = None  # sparse layouts' stored bytes over their nonzeros (None: none)
     dense: Comparison | None = None
     dense_unavailable: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -300,9 +302,7 @@ def _top(rows: torch.Tensor, n: int) -> list[tuple[int, int]]:
     return list(zip(values[order].tolist(), at[order].tolist()))
 
 
-def collect(
-    program: ProgramData, timeline: Timeline, executor: str, mesh_detail: bool = True
-) -> RunStats:
+def collect(program: ProgramData, timeline: Timeline, executor: str, mesh_detail: bool = True) -> RunStats:
     """``RunStats`` of one timed run (module docstring). Without ``mesh_detail`` (the dense baseline,
     which ``compare`` reads for its cycles, parts and intervals) the per-PE busy grid, SRAM and link
     traffic are left empty."""
@@ -349,6 +349,7 @@ def collect(
             )
         )
     interval = steady_interval(program, timeline)
+    stored, nonzeros = _sparse_bytes(program)
     traffic = _links(program, timeline) if mesh_detail else _Traffic(0, 0, [], 0, 0)
     return RunStats(
         executor=executor,
@@ -372,7 +373,19 @@ def collect(
         axpys=sum(kt.axpys for kt in timeline.kernels),
         sram_max=sram_max,
         busy_cycles=busy_cycles,
+        bytes_per_nonzero=stored / nonzeros if nonzeros else None,
     )
+
+
+def _sparse_bytes(program: ProgramData) -> tuple[int, int]:
+    """Bytes the sparse layouts store (values, indices, per-PE ranges and counts, bias; as they stream
+    in weight-streaming mode) and their nonzeros, over every sparse matmul that is not a dense layout."""
+    stored = nonzeros = 0
+    for k in program.kernels:
+        if k.op == "sparse_matmul" and "values" in k.arrays and not dense_layout(program, k):
+            stored += weight_bytes_of(program, k)
+            nonzeros += program.specs[k.arrays["values"]].shape[0]
+    return stored, nonzeros
 
 
 def _weights(k: Kernel) -> int:

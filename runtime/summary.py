@@ -93,12 +93,13 @@ def _kept(program: ProgramData) -> dict[str, Any] | None:
 
 
 def _weight_stream_bytes(program: ProgramData) -> int:
-    """Streaming mode: the nonzeros and their indices that stream in from off-mesh memory per call."""
+    """Streaming mode: the nonzeros and their indices (CSC or packed) that stream in from off-mesh memory
+    per call."""
     total = 0
     for k in program.kernels:
         if k.op != "sparse_matmul":
             continue
-        for role in ("values", "row_idx", "col_ptr", "bias"):
+        for role in ("values", "row_idx", "col_ptr", "index", "bias"):
             if role in k.arrays:
                 total += program.specs[k.arrays[role]].nbytes
     return total

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sparsefx.errors import VerifyError
+from sparsefx.errors import ProgramFormatError, VerifyError
 
+from .encoding import PACKED_ROLES, is_packed, sparse_arrays
 from .memory import pe_bytes
 from .mesh import Dir
 from .program import MODES, OPS, ArraySpec, Kernel, ProgramData, Region, Route
@@ -44,7 +45,8 @@ MAX_ROWS_IN_FLIGHT = 2**24
 """Most rows a kernel may take per block (``attrs["rows_in_flight"]``)."""
 
 SPARSE_ROLES = ("values", "row_idx", "nz_ptr", "col_ptr", "col_ptr_off", "out_lo", "out_hi")
-"""The arrays every sparse matmul names (``in_lo`` and ``in_hi`` come together or not at all)."""
+"""The arrays every sparse matmul in CSC form names (``in_lo`` and ``in_hi`` come together or not at all);
+one stored packed names ``encoding.PACKED_ROLES`` instead."""
 
 # attrs the SRAM model and the CSC checks read as sizes: name -> (least, most)
 _SIZE_ATTRS = {
@@ -145,6 +147,16 @@ def _check_size_attrs(k: Kernel) -> None:
 
 
 def _check_sparse_roles(k: Kernel) -> None:
+    if is_packed(k.arrays):
+        missing = [role for role in PACKED_ROLES if role not in k.arrays]
+        stray = sorted(set(k.arrays) & (set(SPARSE_ROLES) - set(PACKED_ROLES)))
+        if missing or stray:
+            raise _fail(
+                k.name,
+                f"a packed sparse matmul names the arrays {', '.join(PACKED_ROLES)} (and a bias) and no "
+                f"CSC arrays; {', '.join(missing) or 'none'} missing, {', '.join(stray) or 'none'} stray",
+            )
+        return
     missing = [role for role in SPARSE_ROLES if role not in k.arrays]
     if ("in_lo" in k.arrays) != ("in_hi" in k.arrays):
         missing.append("in_hi" if "in_lo" in k.arrays else "in_lo")
@@ -275,6 +287,12 @@ def _check_memory(p: ProgramData, k: Kernel) -> None:
 
 def _check_csc(p: ProgramData, k: Kernel) -> None:
     n = k.region.pes
+    if is_packed(k.arrays) and len(p.array(k, "pe_nnz")) != n:
+        raise _fail(k.name, f"pe_nnz has {len(p.array(k, 'pe_nnz'))} entries; the region has {n} PEs")
+    try:
+        sparse_arrays(p, k)
+    except ProgramFormatError as e:
+        raise VerifyError(str(e)) from None  # it names the kernel
     nz_ptr = p.array(k, "nz_ptr").to(torch.int64)
     col_off = p.array(k, "col_ptr_off").to(torch.int64)
     col_ptr = p.array(k, "col_ptr").to(torch.int64)
@@ -396,9 +414,7 @@ def _check_routes(p: ProgramData) -> None:
             _check_step_conflicts(p, batch, held_pe, held_route)
 
 
-def _step_groups(
-    p: ProgramData, table: _Table, by_step: dict[int, list[int]], held: int
-) -> list[list[int]]:
+def _step_groups(p: ProgramData, table: _Table, by_step: dict[int, list[int]], held: int) -> list[list[int]]:
     """Consecutive steps whose routes are expanded together: each step's entries (with the ``held``
     ones) within the bound ``_check_batch`` refuses past, a group's within ``_GROUP_ENTRIES``."""
     groups: list[list[int]] = []
@@ -441,9 +457,7 @@ def _batches(p: ProgramData, color: int) -> tuple[list[int], dict[int, list[int]
     return always, by_step
 
 
-def _check_runs(
-    p: ProgramData, runs: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
-) -> list[int]:
+def _check_runs(p: ProgramData, runs: torch.Tensor, first: torch.Tensor, counts: torch.Tensor) -> list[int]:
     """Every run a route takes is straight and on the mesh; returns each route's router entries (the sum
     of its runs' lengths)."""
     width, height = p.mesh.width, p.mesh.height

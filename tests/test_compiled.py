@@ -224,8 +224,15 @@ def test_host_queue_matches_the_tensor_form(seed: int, monkeypatch: pytest.Monke
     got = host.outputs_in_host(messages, rate)
     assert got == _tensor_form(monkeypatch, host.outputs_in_host, messages, rate)
     whole = {  # message by message, no bins: the rule itself
-        n: int(host.in_host(torch.cat([h for h, _ in messages.values()]),
-                            torch.cat([s for _, s in messages.values()]), rate)[i].max()) if len(i) else 0
+        n: int(
+            host.in_host(
+                torch.cat([h for h, _ in messages.values()]),
+                torch.cat([s for _, s in messages.values()]),
+                rate,
+            )[i].max()
+        )
+        if len(i)
+        else 0
         for n, i in _indices(messages).items()
     }
     assert got == whole
@@ -249,6 +256,7 @@ def test_lane_departures_match_the_tensor_form(seed: int, monkeypatch: pytest.Mo
     ready = torch.randint(0, spread, (blocks, features), generator=g) + torch.arange(blocks)[:, None] * spread
     live = None if seed % 2 else torch.rand(blocks, features, generator=g) > 0.5  # filtered: 0 or 1 wavelet
     wave = torch.randint(1, 9, (blocks,), generator=g)
+
     def flow() -> Flow:
         return Flow("v", "float32", features, lanes, blocks * 4, 4, wave, 3, ready, live)
 
@@ -282,12 +290,13 @@ def test_merged_matrix_indices_match_the_tensor_form(placement: str, monkeypatch
     from sparsefx.errors import EmulationError
     from sparsefx.models import build_model
     from sparsefx.runtime import sparse_eval
+    from sparsefx.runtime.encoding import sparse_arrays
 
     spec = build_model("mlp")
     sm = sparsefx.compile(spec.model, {"sparsity": 0.8}, spec.args)
     program = sparsefx.lower(sm, spec.args, mesh="8x8", mode="streaming", placement=placement)
     for k in (k for k in program.kernels if k.op == "sparse_matmul"):
-        arrays = {role: program.arrays[name] for role, name in k.arrays.items()}
+        arrays = sparse_arrays(program, k)
         s = sparse_eval.read_slices(arrays, k.attrs["in_features"], k.attrs["out_features"], 8, 8, k.name)
         got = sparse_eval._indices(s)
         want = _tensor_form(monkeypatch, sparse_eval._indices, s)

@@ -20,7 +20,8 @@ from sparsefx.runtime.cost import (
     task_cycles,
     vector_cycles,
 )
-from sparsefx.runtime.layout import RANGE_BYTES, dense_layout, weight_bytes
+from sparsefx.runtime.encoding import PACKED_ROLES, range_bytes
+from sparsefx.runtime.layout import dense_layout, weight_bytes
 from sparsefx.runtime.mesh import HardwareSpec
 
 
@@ -92,7 +93,8 @@ def test_a_matmul_that_keeps_every_weight_loads_a_dense_layout() -> None:
         assert dense_layout(program, k)
         values = int(k.attrs["in_features"]) * int(k.attrs["out_features"])
         bias = int(k.attrs["out_features"]) * 4
-        assert weight_bytes(program, k) == (values * 4 + RANGE_BYTES * k.region.pes + bias)
+        ranges = range_bytes(k.attrs["in_features"], k.attrs["out_features"])
+        assert weight_bytes(program, k) == (values * 4 + ranges * k.region.pes + bias)
         plain = baseline.kernel(k.name)
         assert plain.region == k.region
         assert weight_bytes(baseline, plain) == weight_bytes(program, k)
@@ -106,7 +108,7 @@ def test_a_pruned_matmul_loads_its_indices() -> None:
     for k in (k for k in program.kernels if k.op == "sparse_matmul"):
         assert not dense_layout(program, k)
         assert weight_bytes(program, k) == sum(program.specs[a].nbytes for a in k.arrays.values())
-        assert {"row_idx", "col_ptr"} <= set(k.arrays)
+        assert set(PACKED_ROLES) <= set(k.arrays)  # its indices packed, a byte a nonzero
 
 
 def test_the_vector_start_is_a_hardware_number() -> None:

@@ -8,6 +8,7 @@ import random
 import torch
 
 import sparsefx
+from sparsefx.runtime.encoding import sparse_arrays
 from sparsefx.runtime.events import Cores, Events, Fabric
 from sparsefx.runtime.pe_values import route_product
 from sparsefx.runtime.sparse_eval import product, read_slices
@@ -76,7 +77,7 @@ def test_partial_sums_added_along_their_routes_give_the_product():
         x = torch.randn(6, 48, generator=g)
         program = sparsefx.lower(sm, x, mesh=(4, 6))
         k = next(k for k in program.kernels if k.op == "sparse_matmul")
-        arrays = {role: program.arrays[name] for role, name in k.arrays.items()}
+        arrays = sparse_arrays(program, k)
         s = read_slices(arrays, 48, 40, k.region.width, k.region.height, "test")
         lanes = int(k.attrs.get("lanes", k.region.height))
         got = route_product(s, x, k.region.width, k.region.height, min(lanes, 40, k.region.height))

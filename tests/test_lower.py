@@ -226,12 +226,8 @@ def test_verify_names_the_kernel_and_pe(compiled) -> None:
 
     program = sparsefx.lower(sm, args, mesh=(16, 16))
     k = program.kernels[0]
-    row_idx = program.arrays[k.arrays["row_idx"]]
-    nz = program.arrays[k.arrays["nz_ptr"]]
-    pe = int(torch.nonzero(nz[1:] - nz[:-1] >= 2)[0])
-    a = int(nz[pe])
-    row_idx[a], row_idx[a + 1] = 10_000, 10_000
-    with pytest.raises(VerifyError, match=rf"kernel '{k.name}': row_idx of PE \(\d+, \d+\)"):
+    program.arrays[k.arrays["index"]][-1] = 255  # packed: the last nonzero's gap never ends
+    with pytest.raises(VerifyError, match=rf"kernel '{k.name}': index ends \d+ nonzeros in \d+ bytes"):
         program.verify()
 
     program = sparsefx.lower(sm, args, mesh=(16, 16))

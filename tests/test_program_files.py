@@ -35,6 +35,7 @@ from sparsefx.errors import ProgramFormatError, ProgramWriteError, SparseFXError
 from sparsefx.runtime import archive, archive_write
 from sparsefx.runtime.archive import load_program, save_program
 from sparsefx.runtime.dataflow import DataflowProgram
+from sparsefx.runtime.encoding import CSC_ROLES, PACKED_ROLES, is_packed, sparse_arrays
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import Kernel, Region, Route, Stream, Task
 from sparsefx.runtime.text import print_program
@@ -155,7 +156,7 @@ def test_the_file_is_a_stored_zip_of_three_members_with_a_manifest(saved: Path) 
     assert all(i.compress_type == zipfile.ZIP_STORED and i.date_time == (1980, 1, 1, 0, 0, 0) for i in infos)
     members = _members(saved)
     manifest = json.loads(members[MANIFEST])
-    assert manifest["format_version"] == 3 and manifest["sparsefx_version"] == sparsefx.__version__
+    assert manifest["format_version"] == 4 and manifest["sparsefx_version"] == sparsefx.__version__
     assert manifest["counts"] == {
         "arrays": 12, "inputs": 1, "kernels": 2, "outputs": 1, "routes": 2,
         "payload_bytes": sum(s.nbytes for s in p.specs.values()),
@@ -386,11 +387,11 @@ def test_truncated_files(cut: float, saved: Path, tmp_path: Path) -> None:
     ("changes", "message"),
     [
         (
-            {"format_version": 4},
-            r"format_version 4 is newer than this sparsefx reads; .* reads format_version 1, 2 and 3",
+            {"format_version": 5},
+            r"format_version 5 is newer than this sparsefx reads; .* reads format_version 1, 2, 3 and 4",
         ),
-        ({"format_version": "1"}, r"format_version '1' is unknown; .* reads format_version 1, 2 and 3"),
-        ({"format_version": 0}, r"format_version 0 is unknown; .* reads format_version 1, 2 and 3"),
+        ({"format_version": "1"}, r"format_version '1' is unknown; .* reads format_version 1, 2, 3 and 4"),
+        ({"format_version": 0}, r"format_version 0 is unknown; .* reads format_version 1, 2, 3 and 4"),
         ({"format_version": True}, r"format_version True is unknown"),
         ({"format": "zip"}, r"format is 'zip'; expected 'sparsefx-program'"),
         ({"extra": 1}, r"has keys .*; expected"),
@@ -829,7 +830,42 @@ HOSTILE = {
         lambda p: setattr(_sparse(p), "shape", (0, 10**30)),
         r"has shape \(0, 10{30}\); a value has at most 2,147,483,648 elements",
     ),
+    "index ends on an escape": (
+        lambda p: _set(p, "index", -1, 255),
+        r"index ends \d+ nonzeros .* last byte is an escape",
+    ),
+    "index gap past the slots": (lambda p: _set(p, "index", 0, 254), r"PE \d+'s gaps pass its last slot"),
+    "pe_nnz off by one": (
+        lambda p: _set(p, "pe_nnz", 0, int(p.array(_sparse(p), "pe_nnz")[0]) + 1),
+        r"pe_nnz counts",
+    ),
+    "packed role missing": (lambda p: _sparse(p).arrays.pop("pe_nnz"), r"pe_nnz missing"),
+    "index not bytes": (
+        lambda p: _retype(p, "index", torch.int16),
+        r"index has dtype torch.int16 \(uint8 expected\)",
+    ),
 }
+CSC_CASES = {"nz_ptr negative", "nz_ptr huge", "col_ptr_off huge", "col_ptr garbage", "row_idx out of range"}
+CSC_CASES |= {"out_hi huge", "in_hi negative", "role missing"}
+"""Cases that spoil the CSC form: run on the program unpacked (a program may store either form)."""
+
+
+def _retype(program: DataflowProgram, role: str, dtype: torch.dtype) -> None:
+    k = _sparse(program)
+    program.add_array(k.arrays[role], program.arrays[k.arrays[role]].to(dtype))
+
+
+def _as_csc(program: DataflowProgram) -> DataflowProgram:
+    """``program`` with every packed sparse matmul stored in CSC form instead (as older files hold it)."""
+    for k in program.kernels:
+        if k.op == "sparse_matmul" and is_packed(k.arrays):
+            csc = sparse_arrays(program, k)
+            for role in PACKED_ROLES:
+                name = k.arrays.pop(role)
+                program.arrays.pop(name), program.specs.pop(name)
+            for role in CSC_ROLES:
+                k.arrays[role] = program.add_array(f"{k.name}.{role}", csc[role])
+    return program
 
 
 @pytest.mark.parametrize("mode", ["pipelined", "streaming"])
@@ -838,6 +874,8 @@ def test_garbage_offsets_counts_and_sizes_are_refused_by_name(
     case: str, mode: str, lowered: dict[str, Path], tmp_path: Path
 ) -> None:
     program = load_program(lowered[mode])
+    if case in CSC_CASES:
+        program = _as_csc(program)
     program.verify()
     spoil, message = HOSTILE[case]
     spoil(program)

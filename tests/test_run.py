@@ -214,8 +214,8 @@ def test_a_second_run_reuses_what_it_derived_and_sees_weights_changed_in_place(b
     assert not torch.allclose(changed.outputs, first.outputs)
     assert torch.equal(changed.outputs, copied.outputs)
     assert changed.stats.to_json() == copied.stats.to_json()
-    rows = program.arrays[k.arrays["row_idx"]]
-    program.arrays[k.arrays["row_idx"]] = torch.zeros_like(rows)  # another array swapped in: local row 0
+    gaps = program.arrays[k.arrays["index"]]  # another array swapped in: each PE's first slots
+    program.arrays[k.arrays["index"]] = torch.zeros(len(program.array(k, "values")), dtype=gaps.dtype)
     swapped, copied = sparsefx.run(program, args), sparsefx.run(copy.deepcopy(program), args)
     assert not torch.allclose(swapped.outputs, changed.outputs)
     assert torch.equal(swapped.outputs, copied.outputs)
@@ -304,7 +304,6 @@ def test_hf_gpt2_runs_with_its_integer_kernels():
     result = sparsefx.run(program, (fresh,))
     torch.testing.assert_close(result.outputs.logits, sm.eval()(fresh).logits, rtol=1e-4, atol=1e-5)
     assert sum(result.stats.parts.values()) == result.stats.cycles and result.stats.dense is not None
-
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import torch
 
 import sparsefx
 from sparsefx.passes.lower.blocks import BUSY_SLACK, TIMED_BLOCKS, _timed, best_sparse, candidates, fits
+from sparsefx.passes.lower.install import install
 from sparsefx.passes.lower.place_sparse import place_sparse
 from sparsefx.passes.lower.tune import DRIFTS, hidden_behind
 from sparsefx.runtime.alone import kernel_alone, time_alone
@@ -28,8 +29,7 @@ def _lowered(width: int, height: int) -> tuple[sparsefx.SparseModel, torch.Tenso
 def _alone(program: sparsefx.DataflowProgram, name: str, arrays: dict | None = None) -> int:
     k = program.kernel(name)
     if arrays is not None:
-        for role, tensor in arrays.items():
-            k.arrays[role] = program.add_array(f"{k.name}.{role}", tensor)
+        install(program, k, arrays)
     return time_alone(program, k, layout(program, k))
 
 
@@ -51,8 +51,7 @@ def test_each_kernel_keeps_the_fastest_limit_and_its_outputs() -> None:
         width, height, kept = k.region.width, k.region.height, k.attrs["rows_in_flight"]
         cycles, best = {}, {}
         for drift in DRIFTS:
-            for role, tensor in place_sparse(weight, mask, width, height, "balanced", drift).items():
-                k.arrays[role] = trial.add_array(f"{k.name}.{role}", tensor)
+            install(trial, k, place_sparse(weight, mask, width, height, "balanced", drift))
             best[drift] = best_sparse(trial, k)
             assert best[drift] is not None
             load = load_cycles(weight_bytes(trial, k), trial.hardware)
@@ -136,13 +135,16 @@ def test_long_kernels_are_timed_from_a_few_blocks_within_three_percent() -> None
         assert exact_seen >= 20  # of 24: the steady state is usually exact
 
 
-def _at_width(program: sparsefx.DataflowProgram, k, weight, mask, width: int, hidden: int) -> int:
-    """Cycles of ``k`` laid out on ``width`` columns (even cut, its best block size), with the part of
-    its load that ``hidden`` cycles do not hide."""
-    wide = dataclasses.replace(k, region=Region(0, 0, width, k.region.height), arrays={}, attrs=dict(k.attrs))
+def _at_width(
+    program: sparsefx.DataflowProgram, k, weight, mask, width: int, hidden: int, drift: int | None = None
+) -> int:
+    """Cycles of ``k`` alone laid out on ``width`` columns (balanced, under row-cut limit ``drift``, at its
+    best block size alone), with the part of its load that ``hidden`` cycles do not hide."""
+    region = Region(0, 0, width, k.region.height)
+    wide = dataclasses.replace(k, name=f"wide.{k.name}", region=region, arrays={}, attrs=dict(k.attrs))
     wide.attrs.pop("drift", None)
-    for role, tensor in place_sparse(weight, mask, width, k.region.height, "balanced").items():
-        wide.arrays[role] = program.add_array(f"wide.{k.name}.{role}", tensor)
+    placed = place_sparse(weight, mask, width, k.region.height, "balanced", drift)
+    install(program, wide, placed)  # packed, as lowered
     timed = best_sparse(program, wide)
     assert timed is not None
     return timed[0] + max(0, load_cycles(weight_bytes(program, wide), program.hardware) - hidden)
@@ -180,9 +182,9 @@ def test_streaming_widths_are_timed_with_their_weight_load() -> None:
     for k in sparse:
         hidden = _hidden(program, k)
         assert hidden > 0 or program.kernels.index(k) == 0
-        load = load_cycles(weight_bytes(program, k), program.hardware)
-        chosen = _alone(program, k.name) + max(0, load - hidden)
         weight, mask = sm.get_parameter(k.attrs["param"]).detach(), sm.masks[k.attrs["param"]]
+        # alone, each at its best block size: the lowering picks the block size with the kernels after
+        chosen = _at_width(program, k, weight, mask, k.region.width, hidden, k.attrs.get("drift"))
         assert chosen <= _at_width(program, k, weight, mask, caps[k.name], hidden), k.name
     pipelined = sparsefx.lower(sm, (x,), mesh=(64, 64), mode="pipelined")  # shares the mesh: not tuned
     assert sum(k.region.width for k in pipelined.kernels) == 64

@@ -32,6 +32,7 @@ from .connect import assign, internal_routes, tasks_for, value_routes
 from .dense_plan import dense_pending, plan_dense
 from .flops import counted_flops
 from .host_join import join_on_host
+from .install import install
 from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
@@ -237,10 +238,9 @@ def _arrays(p: DataflowProgram, k: Kernel, pend: Pending, placement: str, placed
     if not placed:
         placed.update(place_sparse(sw.weight, sw.mask, k.region.width, k.region.height, placement))
     arrays = placed
-    for role, tensor in arrays.items():
-        k.arrays[role] = p.add_array(f"{k.name}.{role}", tensor)
     if sw.bias is not None:
         k.arrays["bias"] = p.add_array(f"{k.name}.bias", sw.bias.detach().reshape(-1))
+    install(p, k, arrays)
     nnz = int(arrays["nz_ptr"][-1])
     k.stats |= {
         "nnz": nnz,

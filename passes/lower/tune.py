@@ -51,6 +51,7 @@ import torch
 from sparsefx.runtime.alone import kernel_alone
 from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
+from sparsefx.runtime.encoding import sparse_arrays
 from sparsefx.runtime.layout import Layout, layout, weight_bytes
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.op_kinds import ROW_MATMULS
@@ -58,6 +59,7 @@ from sparsefx.runtime.program import Kernel, ProgramData, Region
 
 from .blocks import TIMED_CANDIDATES, WORSE_IN_A_ROW, ranked, timed
 from .builder import Pending
+from .install import install
 from .place_sparse import place_sparse
 
 __all__ = [
@@ -220,7 +222,7 @@ def tune_sparse(
             report(k.name, done, len(tuned))
 
         as_placed = (k.region.width, None)  # place-data's layout: no limit, at the starting width
-        placed = {role: program.arrays[name] for role, name in k.arrays.items() if role != "bias"}
+        placed = {role: t for role, t in sparse_arrays(program, k).items() if role != "bias"}
 
         def place(
             k: Kernel, drift: int | None, p: Pending = p, placed: dict = placed, at: tuple = as_placed
@@ -284,7 +286,6 @@ def _signature(k: Kernel, p: Pending) -> tuple:
 
 
 def _install(program: ProgramData, k: Kernel, arrays: dict) -> None:
-    for role, tensor in arrays.items():
-        k.arrays[role] = program.add_array(f"{k.name}.{role}", tensor)
+    install(program, k, arrays)
     k.stats["imbalance"] = round(imbalance(arrays["nz_ptr"]), 4)
     k.stats["sram_max"] = int(pe_bytes(program, k).max()) if k.region.pes else 0
