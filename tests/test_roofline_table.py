@@ -1,0 +1,61 @@
+"""The README's token-roofline table is the one ``benchmarks/roofline.py`` writes: one row per mesh and
+batch it measures, in order, each either the lowering's refusal or figures that parse and stay within
+their ideals. No model runs here."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+NAME = "roofline_benchmark"
+FIGURE = re.compile(r"^(\d+\.\d+)x of (\d+(?:\.\d+)?)x \((.+) (\d+)%\)$")
+
+
+def _benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(NAME, ROOT / "benchmarks" / "roofline.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[NAME] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _benchmark()
+
+
+def test_the_readme_holds_the_table_once_with_the_command_and_the_picture():
+    assert README.count(bench.START) == 1 and README.count(bench.END) == 1
+    assert README.index(bench.START) < README.index(bench.END)
+    after = README.split(bench.END, 1)[1].split("\n## ", 1)[0]
+    assert bench.PLOT in after and (ROOT / bench.PLOT).exists()
+
+
+def test_the_rows_are_the_benchmarks_cases_in_order():
+    inside = README.split(bench.START, 1)[1].split(bench.END, 1)[0]
+    header = next(line for line in inside.splitlines() if line.startswith("|"))
+    assert [c.strip() for c in header.strip().strip("|").split("|")] == list(bench.COLUMNS)
+    rows = bench.table_in(README)
+    want = [(m, f"{b} x {bench.TOKENS} = {b * bench.TOKENS:,}") for m in bench.MESHES for b in bench.BATCHES]
+    assert [tuple(row[:2]) for row in rows] == want, "the README's roofline table is stale: run " + bench.COMMAND
+
+
+def test_every_figure_parses_and_stays_within_its_ideal():
+    parts = set(bench.PARTS.values())
+    lowered = 0
+    for row in bench.table_in(README):
+        assert len(row) == len(bench.COLUMNS), row
+        if row[2].startswith("does not lower: "):
+            assert row[3:] == ["-", "-"], row
+            continue
+        lowered += 1
+        for cell, named in ((row[2], parts - {"dense ops"}), (row[3], parts)):
+            m = FIGURE.match(cell)
+            assert m, f"{cell!r} is not 'realized of ideal (part share)'"
+            realized, ideal, part, share = float(m.group(1)), float(m.group(2)), m.group(3), int(m.group(4))
+            assert 0 < realized <= ideal and part in named and 0 < share <= 100, row
+        assert 0 <= float(row[4]) <= 1, row
+    assert lowered >= 2
