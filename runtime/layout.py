@@ -37,7 +37,7 @@ from .memory import itemsize
 from .program import Kernel, ProgramData, lane_bounds
 from .sparse_eval import read_slices
 
-__all__ = ["Layout", "layout", "weight_bytes", "dense_layout", "balanced_ones"]
+__all__ = ["Layout", "layout", "weight_bytes", "sparse_bytes", "dense_layout", "balanced_ones"]
 
 
 @dataclass(frozen=True)
@@ -171,3 +171,15 @@ def weight_bytes(program: ProgramData, k: Kernel) -> int:
     spec = program.specs[k.arrays["values"]]
     bias = program.specs[k.arrays["bias"]].nbytes if "bias" in k.arrays else 0
     return spec.nbytes + ranges * k.region.pes + bias
+
+
+def sparse_bytes(program: ProgramData) -> tuple[int, int]:
+    """(bytes, nonzeros) of every sparse matmul stored as a sparse layout (not ``dense_layout``): all
+    its arrays (``weight_bytes``: values, indices, per-PE ranges and counts, bias), as weight streaming
+    loads them, and its nonzeros. Their ratio is the program's bytes per nonzero."""
+    stored = nonzeros = 0
+    for k in program.kernels:
+        if k.op == "sparse_matmul" and "values" in k.arrays and not dense_layout(program, k):
+            stored += weight_bytes(program, k)
+            nonzeros += math.prod(program.specs[k.arrays["values"]].shape)
+    return stored, nonzeros

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .layout import dense_layout
+from .layout import sparse_bytes
 from .layout import weight_bytes as weight_bytes_of
 from .memo import kept_for
 from .memory import sram_needed
@@ -349,7 +349,7 @@ def collect(program: ProgramData, timeline: Timeline, executor: str, mesh_detail
             )
         )
     interval = steady_interval(program, timeline)
-    stored, nonzeros = _sparse_bytes(program)
+    stored, nonzeros = sparse_bytes(program)
     traffic = _links(program, timeline) if mesh_detail else _Traffic(0, 0, [], 0, 0)
     return RunStats(
         executor=executor,
@@ -375,17 +375,6 @@ def collect(program: ProgramData, timeline: Timeline, executor: str, mesh_detail
         busy_cycles=busy_cycles,
         bytes_per_nonzero=stored / nonzeros if nonzeros else None,
     )
-
-
-def _sparse_bytes(program: ProgramData) -> tuple[int, int]:
-    """Bytes the sparse layouts store (values, indices, per-PE ranges and counts, bias; as they stream
-    in weight-streaming mode) and their nonzeros, over every sparse matmul that is not a dense layout."""
-    stored = nonzeros = 0
-    for k in program.kernels:
-        if k.op == "sparse_matmul" and "values" in k.arrays and not dense_layout(program, k):
-            stored += weight_bytes_of(program, k)
-            nonzeros += program.specs[k.arrays["values"]].shape[0]
-    return stored, nonzeros
 
 
 def _weights(k: Kernel) -> int:

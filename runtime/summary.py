@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from .held import held_peak
+from .layout import sparse_bytes, weight_bytes
 from .memory import SRAM_LABEL, itemsize, sram_needed
 from .program import ProgramData
 
@@ -61,6 +62,7 @@ def summary(program: ProgramData) -> dict[str, Any]:
     sparse = [r for r in rows if r["nnz"] is not None]
     nnz, dense = sum(r["nnz"] for r in sparse), sum(r["dense"] for r in sparse)
     used = {(k.region.x, k.region.width) for k in program.kernels}
+    stored, stored_nnz = sparse_bytes(program)
     totals = {
         "mesh": str(program.mesh),
         "mode": program.mode,
@@ -78,6 +80,7 @@ def summary(program: ProgramData) -> dict[str, Any]:
         "routes": len(program.routes),
         "value_wavelets": sum(traffic.values()),
         "weight_stream_bytes": _weight_stream_bytes(program) if program.mode == "streaming" else 0,
+        "bytes_per_nonzero": stored / stored_nnz if stored_nnz else None,
         "kept": _kept(program),
         "columns_used": sum(w for _, w in used) if program.mode == "pipelined" else program.mesh.width,
     }
@@ -93,16 +96,9 @@ def _kept(program: ProgramData) -> dict[str, Any] | None:
 
 
 def _weight_stream_bytes(program: ProgramData) -> int:
-    """Streaming mode: the nonzeros and their indices (CSC or packed) that stream in from off-mesh memory
-    per call."""
-    total = 0
-    for k in program.kernels:
-        if k.op != "sparse_matmul":
-            continue
-        for role in ("values", "row_idx", "col_ptr", "index", "bias"):
-            if role in k.arrays:
-                total += program.specs[k.arrays[role]].nbytes
-    return total
+    """Streaming mode: the bytes every sparse matmul streams in from off-mesh memory per call
+    (``layout.weight_bytes``: values, indices, per-PE ranges and counts, bias)."""
+    return sum(weight_bytes(program, k) for k in program.kernels if k.op == "sparse_matmul")
 
 
 def _fmt(value: Any, spec: str = "") -> str:
@@ -158,6 +154,8 @@ def totals_table(program: ProgramData) -> Any:
         ("value traffic per call (32-bit wavelets)", f"{t['value_wavelets']:,}"),
         ("columns used", f"{t['columns_used']} of {program.mesh.width}"),
     ]
+    if t["bytes_per_nonzero"] is not None:
+        rows.append(("bytes per nonzero (values, indices, ranges)", f"{t['bytes_per_nonzero']:.2f}"))
     if program.mode == "streaming":
         rows.append(("weights streamed in per call", f"{t['weight_stream_bytes']:,} bytes"))
     if t["kept"] is not None:

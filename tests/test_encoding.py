@@ -21,6 +21,7 @@ from sparsefx.runtime.encoding import (
     sparse_arrays,
 )
 from sparsefx.runtime.layout import dense_layout, weight_bytes
+from sparsefx.runtime.summary import summary
 
 # (out, in, width, height, placement, drift, density)
 CASES = [
@@ -140,6 +141,7 @@ def test_a_lowered_program_stores_its_weights_packed_and_reports_bytes_per_nonze
     nonzeros = sum(len(program.array(k, "values")) for k in sparse)
     result = sparsefx.run(program, args)
     assert result.stats.bytes_per_nonzero == stored / nonzeros
+    assert summary(program)["totals"]["bytes_per_nonzero"] == stored / nonzeros  # sparsefx inspect's
     index = sum(len(program.array(k, "index")) for k in sparse)
     assert nonzeros <= index < 1.05 * nonzeros  # a byte a nonzero, escapes rare at 90%
     path = tmp_path / "p.sfxp"
