@@ -35,6 +35,7 @@ __all__ = [
     "column_sums",
     "fifo",
     "finishes",
+    "gaps",
     "lane_departs",
     "lane_sends",
     "lane_starts",
@@ -213,6 +214,21 @@ def merge_order(
     return torch.from_numpy(feature), torch.from_numpy(output), torch.from_numpy(order)
 
 
+def gaps(
+    nz_ptr: torch.Tensor,
+    col_off: torch.Tensor,
+    col_ptr: torch.Tensor,
+    row_idx: torch.Tensor,
+    span: torch.Tensor,
+) -> torch.Tensor | None:
+    """``encoding.encode``'s gaps in one compiled pass over placed CSC slices: each nonzero's slots
+    skipped since the one before it on its PE (slot ``column * span + row``). None where a row leaves its
+    PE's span or goes back within a column (``encode`` then keeps CSC)."""
+    out = _host_full(len(row_idx))
+    ints = tuple(_np(t) for t in (nz_ptr, col_off, col_ptr, row_idx, span))
+    return torch.from_numpy(out) if _loops()["gaps"](*ints, out) else None
+
+
 def slowest_rows(
     finish: torch.Tensor,
     order: torch.Tensor,
@@ -339,6 +355,7 @@ def _loops() -> dict[str, object]:
             slowest=jit(_slowest_loop),
             last_in=jit(_last_in_loop),
             column_sums=jit(_column_sums_loop),
+            gaps=jit(_gaps_loop),
         )
     return _LOOPS
 
@@ -799,3 +816,16 @@ def _last_in_loop(heads, sends, ends, lo, rate, bins, last):  # pragma: no cover
         o = k % outputs
         if done > last[o]:
             last[o] = done
+
+
+def _gaps_loop(nz_ptr, col_off, col_ptr, row, span, out):  # pragma: no cover - runs compiled
+    for p in range(len(nz_ptr) - 1):
+        base, first, s, before = nz_ptr[p], col_off[p], span[p], -1
+        for j in range(col_off[p + 1] - first - 1):
+            for i in range(base + col_ptr[first + j], base + col_ptr[first + j + 1]):
+                r = row[i]
+                if r < 0 or r >= s or j * s + r <= before:
+                    return False
+                out[i] = j * s + r - before - 1
+                before = j * s + r
+    return True

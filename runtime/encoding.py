@@ -41,6 +41,7 @@ import torch
 
 from sparsefx.errors import ProgramFormatError
 
+from . import compiled
 from .memo import kept
 
 if TYPE_CHECKING:
@@ -126,28 +127,47 @@ def encode(arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
     if any(role not in arrays for role in CSC_ROLES):
         return None
     nz_ptr = arrays["nz_ptr"].to(torch.int64)
-    col_off = arrays["col_ptr_off"].to(torch.int64)
     nnz = nz_ptr.diff()
     span = arrays["out_hi"].to(torch.int64) - arrays["out_lo"].to(torch.int64)
     n = int(nz_ptr[-1])
-    pe = torch.repeat_interleave(torch.arange(len(nnz), device=nnz.device), nnz, output_size=n)
-    row = arrays["row_idx"].to(torch.int64)
-    slot = _columns(col_off, arrays["col_ptr"].to(torch.int64), n) * span[pe] + row
-    before = torch.full_like(slot, -1)
-    before[1:] = slot[:-1]
-    before[nz_ptr[:-1][nnz > 0]] = -1  # each PE's first gap counts from before its slot 0
-    gap = slot - before - 1
-    if n and (bool((gap < 0).any()) or bool((row >= span[pe]).any())):
+    parts = (nz_ptr, arrays["col_ptr_off"], arrays["col_ptr"], arrays["row_idx"], span)
+    gap = compiled.gaps(*parts) if compiled.available(*parts) else _gaps(*parts)
+    if gap is None:
         return None
-    escapes, last = gap // ESCAPE, gap % ESCAPE
-    ends = torch.cumsum(escapes + 1, 0) - 1
-    index = torch.full((int(ends[-1]) + 1 if n else 0,), ESCAPE, dtype=torch.uint8, device=gap.device)
-    index[ends] = last.to(torch.uint8)
+    if not n or int(gap.max()) < ESCAPE:  # no escapes: a byte a nonzero
+        index = gap.to(torch.uint8)
+    else:
+        escapes, last = gap // ESCAPE, gap % ESCAPE
+        ends = torch.cumsum(escapes + 1, 0) - 1
+        index = torch.full((int(ends[-1]) + 1,), ESCAPE, dtype=torch.uint8, device=gap.device)
+        index[ends] = last.to(torch.uint8)
     packed = {role: _smallest(arrays[role].to(torch.int64)) for role in _RANGES}
     packed |= {"pe_nnz": _smallest(nnz), "index": index, "values": arrays["values"]}
     if _nbytes(packed) >= _nbytes({role: arrays[role] for role in CSC_ROLES}):
         return None
     return packed
+
+
+def _gaps(
+    nz_ptr: torch.Tensor,
+    col_off: torch.Tensor,
+    col_ptr: torch.Tensor,
+    row_idx: torch.Tensor,
+    span: torch.Tensor,
+) -> torch.Tensor | None:
+    """Each nonzero's slots skipped since the one before it on its PE (tensor form of
+    ``compiled.gaps``); None where a row leaves its span or goes back within a column."""
+    nnz, n = nz_ptr.diff(), int(nz_ptr[-1])
+    pe = torch.repeat_interleave(torch.arange(len(nnz), device=nnz.device), nnz, output_size=n)
+    row = row_idx.to(torch.int64)
+    slot = _columns(col_off.to(torch.int64), col_ptr.to(torch.int64), n) * span[pe] + row
+    before = torch.full_like(slot, -1)
+    before[1:] = slot[:-1]
+    before[nz_ptr[:-1][nnz > 0]] = -1  # each PE's first gap counts from before its slot 0
+    gap = slot - before - 1
+    if n and (bool((gap < 0).any()) or bool((row >= span[pe]).any()) or bool((row < 0).any())):
+        return None
+    return gap
 
 
 def _nbytes(arrays: dict[str, torch.Tensor]) -> int:

@@ -10,6 +10,7 @@ import sparsefx
 from sparsefx.errors import ProgramFormatError
 from sparsefx.models import build_model
 from sparsefx.passes.lower.place_sparse import place_sparse
+from sparsefx.runtime import compiled, encoding
 from sparsefx.runtime.csc import assemble
 from sparsefx.runtime.encoding import (
     CSC_ROLES,
@@ -54,6 +55,23 @@ def test_decode_undoes_encode_exactly(case: tuple) -> None:
         for form, arrays in (("packed", packed), ("csc", placed))
     }
     assert nbytes["packed"] < nbytes["csc"]
+
+
+@pytest.mark.skipif(not compiled.available(torch.zeros(1)), reason="numba (the fast extra) is not installed")
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "-".join(map(str, c)))
+def test_the_compiled_gaps_equal_the_tensor_form(case: tuple) -> None:
+    out_f, in_f, width, height, placement, drift, density = case
+    placed = place_sparse(
+        torch.randn(out_f, in_f), torch.rand(out_f, in_f) < density, width, height, placement, drift
+    )
+    span = (placed["out_hi"] - placed["out_lo"]).to(torch.int64)
+    parts = [placed[r].to(torch.int64) for r in ("nz_ptr", "col_ptr_off", "col_ptr", "row_idx")] + [span]
+    assert torch.equal(compiled.gaps(*parts), encoding._gaps(*parts))
+    for spoil in (span.max() + 7, -1):  # a row past its PE's span, and one before its start
+        rows = parts[3].clone()
+        rows[len(rows) // 2] = spoil
+        bad = parts[:3] + [rows, span]
+        assert compiled.gaps(*bad) is None and encoding._gaps(*bad) is None
 
 
 def test_long_gaps_take_escape_bytes() -> None:
