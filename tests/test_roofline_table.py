@@ -40,7 +40,8 @@ def test_the_rows_are_the_benchmarks_cases_in_order():
     assert [c.strip() for c in header.strip().strip("|").split("|")] == list(bench.COLUMNS)
     rows = bench.table_in(README)
     want = [(m, f"{b} x {bench.TOKENS} = {b * bench.TOKENS:,}") for m in bench.MESHES for b in bench.BATCHES]
-    assert [tuple(row[:2]) for row in rows] == want, "the README's roofline table is stale: run " + bench.COMMAND
+    stale = "the README's roofline table is stale: run " + bench.COMMAND
+    assert [tuple(row[:2]) for row in rows] == want, stale
 
 
 def test_every_figure_parses_and_stays_within_its_ideal():
