@@ -49,10 +49,13 @@ def run(
 
 
 def _lookup(table: dict[int, int], keys: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(keys)
-    for k, v in table.items():
-        out = torch.where(keys == k, torch.full_like(keys, v), out)
-    return out
+    """``table[key]`` for each of ``keys`` (0 for a key it lacks), through one small lookup tensor."""
+    size = max(table) + 1
+    lut = torch.zeros(size, dtype=keys.dtype, device=keys.device)
+    values = torch.tensor(list(table.values()), dtype=keys.dtype, device=keys.device)
+    lut[torch.tensor(list(table), device=keys.device)] = values
+    inside = (keys >= 0) & (keys < size)
+    return torch.where(inside, lut[keys.clamp(0, size - 1)], 0)
 
 
 def run_pes(runs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -528,7 +528,10 @@ def _check_batch(p: ProgramData, table: _Table, batch: list[int]) -> torch.Tenso
             f"route {r.name!r} sets the router of PE ({at % p.mesh.width}, "
             f"{at // p.mesh.width}) twice on color {r.color}",
         )
-    _check_hops(p, route, pe, tx, rx[order], skey, table.to_host)
+    # a run's PEs but its last send only to the next PE of the same run, which ``expand`` has receive from
+    # it: only run ends can send where no PE receives
+    ends = torch.cumsum(lengths, 0)[lengths > 0] - 1
+    _check_hops(p, route[ends], pe[ends], tx[ends], rx[order], skey, table.to_host)
     per = torch.zeros(len(routes), dtype=torch.int64).index_add_(0, local, lengths)  # entries per route
     bounds = torch.cumsum(per, 0)
     start = 0

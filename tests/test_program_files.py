@@ -36,7 +36,7 @@ from sparsefx.runtime import archive, archive_write
 from sparsefx.runtime.archive import load_program, save_program
 from sparsefx.runtime.dataflow import DataflowProgram
 from sparsefx.runtime.encoding import CSC_ROLES, PACKED_ROLES, is_packed, sparse_arrays
-from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
+from sparsefx.runtime.mesh import Dir, HardwareSpec, MeshSpec
 from sparsefx.runtime.program import Kernel, Region, Route, Stream, Task
 from sparsefx.runtime.text import print_program
 
@@ -880,6 +880,33 @@ def test_garbage_offsets_counts_and_sizes_are_refused_by_name(
     spoil, message = HOSTILE[case]
     spoil(program)
     assert_message(_verify_error(program, tmp_path), message)
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "streaming"])
+def test_a_run_end_that_sends_where_no_pe_of_its_route_receives_is_refused(
+    mode: str, lowered: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each run's last PE may send on to another run, the host or nowhere; a direction no PE of the route
+    receives from is refused by name, PE and color (inside a run every PE sends to the next one). Here a
+    run's last PE also sends back along the run, where the PE before it receives only from behind."""
+    program = load_program(lowered[mode])
+    runs = program.arrays["routes.runs"]
+    steps = {int(Dir.E): (1, 0), int(Dir.W): (-1, 0), int(Dir.N): (0, -1), int(Dir.S): (0, 1)}
+    row_at, route = next(
+        (route.first + i, route)
+        for route in program.routes
+        for i in range(route.count)
+        if int(runs[route.first + i, 3]) >= 3 and int(runs[route.first + i, 2]) in steps
+    )
+    row = runs[row_at]
+    x0, y0, d, n = (int(v) for v in row[:4])
+    x, y = x0 + steps[d][0] * (n - 1), y0 + steps[d][1] * (n - 1)
+    side = Dir(d).opposite
+    row[5] = int(row[5]) | int(side)
+    assert_message(
+        _verify_error(program, tmp_path),
+        rf"route {route.name!r} sends {side.name} from PE \({x}, {y}\) on color {route.color}, but no PE",
+    )
 
 
 @pytest.mark.parametrize("mode", ["pipelined", "streaming"])
