@@ -53,6 +53,22 @@ def compile_builtins() -> dict[str, tuple[Any, tuple]]:
     return out
 
 
+def as_csc(program: Any) -> Any:
+    """``program`` (changed in place) with every packed sparse matmul stored as CSC instead, as files
+    before format 4 hold it."""
+    from sparsefx.runtime.encoding import CSC_ROLES, PACKED_ROLES, is_packed, sparse_arrays
+
+    for k in program.kernels:
+        if k.op == "sparse_matmul" and is_packed(k.arrays):
+            csc = sparse_arrays(program, k)
+            for role in PACKED_ROLES:
+                name = k.arrays.pop(role)
+                program.arrays.pop(name), program.specs.pop(name)
+            for role in CSC_ROLES:
+                k.arrays[role] = program.add_array(f"{k.name}.{role}", csc[role])
+    return program
+
+
 HF_VOCAB = 300
 """Vocabulary of the small Hugging Face models the tests build from their configs."""
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import sparsefx
+from conftest import as_csc
 from sparsefx.errors import ProgramFormatError
 from sparsefx.models import build_model
 from sparsefx.passes.lower.place_sparse import place_sparse
@@ -19,7 +20,6 @@ from sparsefx.runtime.encoding import (
     decode,
     encode,
     is_packed,
-    sparse_arrays,
 )
 from sparsefx.runtime.layout import dense_layout, weight_bytes
 from sparsefx.runtime.summary import summary
@@ -136,19 +136,6 @@ def gpt_tiny() -> tuple:
     return sm, spec.args, sparsefx.lower(sm, spec.args, mesh=(32, 32), mode="streaming")
 
 
-def _as_csc(program: sparsefx.DataflowProgram) -> sparsefx.DataflowProgram:
-    """A copy of ``program`` with every sparse matmul stored as CSC (as format 3 files hold it)."""
-    for k in program.kernels:
-        if k.op == "sparse_matmul" and is_packed(k.arrays):
-            csc = sparse_arrays(program, k)
-            for role in PACKED_ROLES:
-                name = k.arrays.pop(role)
-                program.arrays.pop(name), program.specs.pop(name)
-            for role in CSC_ROLES:
-                k.arrays[role] = program.add_array(f"{k.name}.{role}", csc[role])
-    return program
-
-
 def test_a_lowered_program_stores_its_weights_packed_and_reports_bytes_per_nonzero(
     gpt_tiny, tmp_path
 ) -> None:
@@ -177,7 +164,7 @@ def test_a_program_in_csc_form_runs_alike_and_streams_more_bytes(gpt_tiny, tmp_p
     sm, args, program = gpt_tiny
     path = tmp_path / "p.sfxp"
     program.save(str(path))
-    csc = _as_csc(sparsefx.load_program(str(path)))
+    csc = as_csc(sparsefx.load_program(str(path)))
     csc.verify()
     for executor in ("fast", "reference"):
         packed_run = sparsefx.run(program, args, executor=executor)

@@ -31,11 +31,11 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 import sparsefx
+from conftest import as_csc
 from sparsefx.errors import ProgramFormatError, ProgramWriteError, SparseFXError, VerifyError
 from sparsefx.runtime import archive, archive_write
 from sparsefx.runtime.archive import load_program, save_program
 from sparsefx.runtime.dataflow import DataflowProgram
-from sparsefx.runtime.encoding import CSC_ROLES, PACKED_ROLES, is_packed, sparse_arrays
 from sparsefx.runtime.mesh import Dir, HardwareSpec, MeshSpec
 from sparsefx.runtime.program import Kernel, Region, Route, Stream, Task
 from sparsefx.runtime.text import print_program
@@ -855,19 +855,6 @@ def _retype(program: DataflowProgram, role: str, dtype: torch.dtype) -> None:
     program.add_array(k.arrays[role], program.arrays[k.arrays[role]].to(dtype))
 
 
-def _as_csc(program: DataflowProgram) -> DataflowProgram:
-    """``program`` with every packed sparse matmul stored in CSC form instead (as older files hold it)."""
-    for k in program.kernels:
-        if k.op == "sparse_matmul" and is_packed(k.arrays):
-            csc = sparse_arrays(program, k)
-            for role in PACKED_ROLES:
-                name = k.arrays.pop(role)
-                program.arrays.pop(name), program.specs.pop(name)
-            for role in CSC_ROLES:
-                k.arrays[role] = program.add_array(f"{k.name}.{role}", csc[role])
-    return program
-
-
 @pytest.mark.parametrize("mode", ["pipelined", "streaming"])
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_garbage_offsets_counts_and_sizes_are_refused_by_name(
@@ -875,7 +862,7 @@ def test_garbage_offsets_counts_and_sizes_are_refused_by_name(
 ) -> None:
     program = load_program(lowered[mode])
     if case in CSC_CASES:
-        program = _as_csc(program)
+        program = as_csc(program)
     program.verify()
     spoil, message = HOSTILE[case]
     spoil(program)
