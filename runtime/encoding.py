@@ -53,6 +53,8 @@ __all__ = [
     "CSC_ROLES",
     "PACKED_ROLES",
     "ESCAPE",
+    "I16_SPAN",
+    "row_index_dtype",
     "encode",
     "decode",
     "is_packed",
@@ -67,7 +69,17 @@ PACKED_ROLES = ("out_lo", "out_hi", "in_lo", "in_hi", "pe_nnz", "index", "values
 ESCAPE = 255
 """A gap byte that says: 255 more slots, and the gap goes on in the next byte."""
 _RANGES = ("out_lo", "out_hi", "in_lo", "in_hi")
-_I16_SPAN = 2**15  # placement's rule: 16-bit local row indices while every span fits
+I16_SPAN = 2**15
+"""Placement's rule for CSC row indices: 16-bit while every PE's output span is below this, else 32-bit."""
+
+
+def row_index_dtype(spans: torch.Tensor) -> torch.dtype:
+    """The dtype of CSC row indices for PEs whose output spans are ``spans`` (``I16_SPAN``).
+
+    >>> row_index_dtype(torch.tensor([12, 48])), row_index_dtype(torch.tensor([2**15]))
+    (torch.int16, torch.int32)
+    """
+    return torch.int32 if len(spans) and int(spans.max()) >= I16_SPAN else torch.int16
 
 
 def is_packed(roles: object) -> bool:
@@ -228,10 +240,9 @@ def decode(arrays: dict[str, torch.Tensor], where: str = "sparse matmul") -> dic
     ran = torch.cumsum(hits, 0)
     entries = torch.repeat_interleave(torch.arange(pes, device=dev), width + 1, output_size=len(hits))
     col_ptr = ran - ran[col_off[:-1]][entries]
-    wide = bool(pes) and int(span.max()) >= _I16_SPAN
     csc = {r: arrays[r].to(torch.int32) for r in _RANGES}
     csc |= {"nz_ptr": nz_ptr, "col_ptr_off": col_off, "col_ptr": col_ptr.to(torch.int32)}
-    csc |= {"row_idx": row.to(torch.int32 if wide else torch.int16), "values": arrays["values"]}
+    csc |= {"row_idx": row.to(row_index_dtype(span)), "values": arrays["values"]}
     rest = {role: t for role, t in arrays.items() if role not in PACKED_ROLES}
     return csc | rest
 
@@ -242,8 +253,7 @@ def sparse_arrays(program: ProgramData, k: Kernel, where: str = "") -> dict[str,
     arrays = {role: program.arrays[name] for role, name in k.arrays.items()}
     if not is_packed(arrays):
         return arrays
-    key = ("csc",) + tuple((role, id(t), t._version) for role, t in sorted(arrays.items()))
-    return kept(arrays["index"], key, lambda: decode(arrays, where or f"kernel {k.name!r}"))
+    return kept(arrays["index"], _key(arrays), lambda: decode(arrays, where or f"kernel {k.name!r}"))
 
 
 def remember(program: ProgramData, k: Kernel, csc: dict[str, torch.Tensor]) -> None:
@@ -251,7 +261,11 @@ def remember(program: ProgramData, k: Kernel, csc: dict[str, torch.Tensor]) -> N
     that packs what it has just placed does not decode it again. The program's own ``values`` and bias
     stand in for ``csc``'s, as ``decode`` would give them."""
     arrays = {role: program.arrays[name] for role, name in k.arrays.items()}
-    key = ("csc",) + tuple((role, id(t), t._version) for role, t in sorted(arrays.items()))
     rest = {role: t for role, t in arrays.items() if role not in PACKED_ROLES}
     decoded = {role: csc[role] for role in CSC_ROLES} | rest | {"values": arrays["values"]}
-    kept(arrays["index"], key, lambda: decoded)
+    kept(arrays["index"], _key(arrays), lambda: decoded)
+
+
+def _key(arrays: dict[str, torch.Tensor]) -> tuple:
+    """What the decoded form of a kernel's ``arrays`` is kept under: each array's identity and version."""
+    return ("csc",) + tuple((role, id(t), t._version) for role, t in sorted(arrays.items()))

@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from .encoding import row_index_dtype
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
 
 __all__ = ["pe_bytes", "sram_needed", "SRAM_LABEL", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
@@ -91,8 +92,8 @@ def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     value_bytes = itemsize(program.specs[kernel.arrays["values"]].dtype)
     if "row_idx" in kernel.arrays:
         index_bytes = itemsize(program.specs[kernel.arrays["row_idx"]].dtype)
-    else:  # placement's rule for the decoded row indices
-        index_bytes = 2 if not len(out_span) or int(out_span.max()) < 2**15 else 4
+    else:  # packed: the decoded row indices, by placement's rule
+        index_bytes = row_index_dtype(out_span).itemsize
     ptr_bytes = torch.where(nnz < 2**15, 2, 4)  # local column offsets: 16-bit where they fit
     rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
     total = nnz * (value_bytes + index_bytes) + (in_widths + 1) * ptr_bytes

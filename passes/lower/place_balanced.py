@@ -26,11 +26,10 @@ import weakref
 
 import torch
 
+from sparsefx.runtime.encoding import row_index_dtype
 from sparsefx.runtime.program import lane_bounds
 
 __all__ = ["place_balanced"]
-
-_I16_SPAN = 2**15
 
 
 def _cuts(total: torch.Tensor | int, parts: int) -> torch.Tensor:
@@ -70,7 +69,6 @@ def place_balanced(
     slot = col_ptr_off[:-1][pe] + 1 + (j - in_lo[pe])
     col_ptr = torch.bincount(slot, minlength=int(col_ptr_off[-1])).cumsum(0)
     col_ptr -= torch.repeat_interleave(col_ptr[col_ptr_off[:-1]], spans + 1, output_size=len(col_ptr))
-    wide = bool(len(out_hi)) and int((out_hi - out_lo).max()) >= _I16_SPAN
     return {
         "out_lo": out_lo.to(torch.int32),
         "out_hi": out_hi.to(torch.int32),
@@ -79,7 +77,7 @@ def place_balanced(
         "nz_ptr": nz_ptr,
         "col_ptr_off": col_ptr_off,
         "col_ptr": col_ptr.to(torch.int32),
-        "row_idx": (i - out_lo[pe]).to(torch.int32 if wide else torch.int16),
+        "row_idx": (i - out_lo[pe]).to(row_index_dtype(out_hi - out_lo)),
         "values": weight.reshape(-1)[flat],
     }
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from sparsefx.errors import LoweringError
+from sparsefx.runtime.encoding import I16_SPAN
 from sparsefx.runtime.program import PLACEMENTS, lane_bounds
 
 from .place_balanced import place_balanced
@@ -37,7 +38,6 @@ __all__ = ["place_sparse", "GROUP_ENTRIES"]
 GROUP_ENTRIES = 1 << 21
 """Mask entries (inputs x outputs) per group of region rows placed together."""
 
-_I16_SPAN = 2**15
 _ORDER = ("out_lo", "out_hi", "in_lo", "in_hi", "nz_ptr", "col_ptr_off", "col_ptr", "row_idx", "values")
 
 
@@ -74,7 +74,7 @@ def place_sparse(
         group = _place_group(mask_t[lo:hi], bounds[r0 : r1 + 1] - lo, width, scratch)
         n = int(group["nz_ptr"][-1])
         span = group["out_hi"] - group["out_lo"]
-        if row_idx.dtype == torch.int16 and int(span.max()) >= _I16_SPAN:
+        if row_idx.dtype == torch.int16 and int(span.max()) >= I16_SPAN:
             row_idx = row_idx.to(torch.int32)
         _gather(
             mask_t[lo:hi], weight_t[lo:hi], group, values[done : done + n], row_idx[done : done + n], scratch
