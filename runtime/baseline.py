@@ -38,10 +38,11 @@ def unavailable(program: ProgramData) -> str | None:
 
 
 def _plain(k: Kernel, region: Region, plan: dict) -> Kernel:
-    mapping = ("dense", "rows_in_flight", "drift")  # the real kernel's mapping: the plan has its own
+    mapping = ("dense", "rows_in_flight", "drift", "row_tiles")  # the real kernel's: the plan has its own
     attrs = {key: value for key, value in k.attrs.items() if key not in mapping}
-    if "rows_in_flight" in plan:
-        attrs["rows_in_flight"] = plan["rows_in_flight"]
+    for key in ("rows_in_flight", "row_tiles"):
+        if key in plan:
+            attrs[key] = plan[key]
     arrays = dict(k.arrays)
     if k.op == "sparse_matmul":
         attrs["all_ones"] = "balanced" if plan.get("placement") == "balanced" else True

@@ -65,6 +65,7 @@ from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
 from .queues import CHUNK, NEVER, fifo, sparse_tasks
 from .ramps import shared_departs
+from .tiles import tile_place, tile_rows
 from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["FastClock", "simulate"]
@@ -248,6 +249,42 @@ class FastClock:
             for p, d in zip(queued, torch.split(done, [p.cost.numel() for p in queued])):
                 p.fork_start = d.reshape(p.cost.shape) - p.cost
         return [self._arrived(p) for p in plans]
+
+    def tile_arrivals(
+        self,
+        reads: list[_Read],
+        kernel: Kernel,
+        blocks: int,
+        b: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """``arrivals`` at every row tile's PEs, ``x`` ``[tiles, n]``: ``[tiles, blocks, n]`` each.
+        Each tile reads every message (it keeps its share of the rows); where no message forks up or
+        down a column, a tile's arrivals are tile 0's moved by its extra hops along the lanes."""
+        first = self.arrivals(reads, kernel, blocks, b, x[0], y)
+        if x.shape[0] == 1:
+            return [a[None] for a in first]
+        if any(self._forked(read, kernel, x[0], y) for read in reads):
+            tiled = [
+                self.arrivals([(v, fs, (*key, "tile", t)) for v, fs, key in reads], kernel, blocks, b, xt, y)
+                for t, xt in enumerate(x[1:], 1)
+            ]
+            return [torch.stack([a, *(t[i] for t in tiled)]) for i, a in enumerate(first)]
+        hop = self.hw.hop_cycles
+        out = []
+        for (value, _, _), a in zip(reads, first):
+            flow = self.flows[value]
+            moved = (self._hops(flow, x) - self._hops(flow, x[0])[None, :]) * hop  # [tiles, n]
+            out.append(a[None] + moved[:, None, :])
+        return out
+
+    def _forked(self, read: _Read, kernel: Kernel, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether any message of ``read`` forks up or down a column to reach ``(x, y)``."""
+        value, feats, key = read
+        flow = self.flows[value]
+        args = ("arrivals", flow.features, flow.lanes) + key
+        return bool(self._kept(kernel, args, lambda: self._forks(flow, feats, x, y))[1])
 
     def _shared_departs(self, values: list[str]) -> dict[str, torch.Tensor]:
         """Streaming: the departures of stored values a kernel reads that leave through the same
@@ -631,15 +668,13 @@ class FastClock:
         return column_load(s, r.width, r.height, lanes, held)
 
     def _dense_geometry(self, k: Kernel) -> tuple[torch.Tensor, ...]:
-        """Where a kernel without stored weights works on each feature: the features, each one's PE
-        column and row on the mesh and PE in the region, and its trip to the region's east edge
-        (``[1, features]`` cycles)."""
+        """Where a kernel without stored weights works on each feature (``runtime/tiles.py``): the
+        features, each one's PE column in each row tile and its row on the mesh, its PE in the region in
+        each tile, and its trip to the region's east edge from each tile (``[tiles, features]`` cycles)."""
         r, f = k.region, features_of(k.shape)
-        feats = torch.arange(f)
-        lane, rank = lane_rank(lane_bounds(f, kernel_lanes(k, f)), feats)
-        px, py = r.x + rank % r.width, r.y + lane
-        to_east = ((r.x + r.width - 1 - px) * self.hw.hop_cycles)[None, :]
-        return feats, px, py, lane * r.width + rank % r.width, to_east
+        px, py, pe_local = tile_place(k, f)
+        to_east = (r.x + r.width - 1 - px) * self.hw.hop_cycles
+        return torch.arange(f), px, py, pe_local, to_east
 
     def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
@@ -648,7 +683,8 @@ class FastClock:
         lanes = kernel_lanes(k, f)
         key = ("dense geometry", self.hw.hop_cycles)
         feats, px, py, pe_local, to_east = self._kept(k, key, lambda: self._dense_geometry(k))
-        arr = torch.full((blocks, f), t0, dtype=torch.int64)
+        tiles = px.shape[0]  # each block's rows split over the row tiles (``runtime/tiles.py``)
+        arr = torch.full((tiles, blocks, f), t0, dtype=torch.int64)
         latest: dict[str, int] = {}
         heard = torch.zeros((blocks, f), dtype=torch.bool)  # some input message of the task has data
         reads = []
@@ -659,24 +695,28 @@ class FastClock:
             fin = torch.clamp(feats * flow.features // max(f, 1), max=flow.features - 1)
             reads.append((value, fin, ("dense",)))
             heard |= self._heard(flow, k, value, blocks, b)[:, fin]
-        for (value, _, _), a in zip(reads, self.arrivals(reads, k, blocks, b, px, py)):
+        for (value, _, _), a in zip(reads, self.tile_arrivals(reads, k, blocks, b, px, py)):
             latest[value] = int(a.max())
             arr = torch.maximum(arr, a)
         ops = ops_per_element(self.p, k)
-        cost = per_block(lambda n: task_cycles(ops, n, k.dtype, hw), sizes)
-        cost_b = cost[:, None].expand(blocks, f)
+        rows = tile_rows(sizes, tiles)  # [tiles, blocks]
+        counts, at = torch.unique(rows, return_inverse=True)
+        cost = per_block(lambda n: task_cycles(ops, n, k.dtype, hw) if n else 0, counts)[at]
+        cost_b = cost[:, :, None].expand(tiles, blocks, f)
         idle = idle_tasks(k.op, heard, sized(self.live(k.name, b), blocks, f))
         if idle is not None:
-            cost_b = cost_b.masked_fill(idle, 0)
-        pes_b = pe_local[None, :].expand(blocks, f)
-        fin = fifo(pes_b.reshape(-1), arr.reshape(-1), cost_b.reshape(-1)).reshape(blocks, f)
-        if idle is not None:
-            fin = torch.where(idle, arr, fin)
+            cost_b = cost_b.masked_fill(idle[None], 0)
+        pes_b = pe_local[:, None, :].expand(tiles, blocks, f)
+        fin = fifo(pes_b.reshape(-1), arr.reshape(-1), cost_b.reshape(-1)).reshape(tiles, blocks, f)
+        fin = torch.where(cost_b > 0, fin, arr)  # a task left out, or a tile without rows: none runs
         extra = 0
         if op_kind(k.op).allreduces_stats and lanes > 1:
             extra = allreduce_cycles(lanes, hw)
-        done = fin.amax(dim=1, keepdim=True) + extra if extra else fin  # the all-reduce: a barrier
-        flow = self._out_flow(k, done + to_east, b, wave)
+        if extra:  # the all-reduce: a barrier over the block's tasks
+            fin = fin.amax(dim=(0, 2), keepdim=True).expand_as(fin) + extra
+        had = rows[:, :, None] > 0
+        east = torch.where(had, fin + to_east[:, None, :], torch.iinfo(torch.int64).min)
+        flow = self._out_flow(k, east.amax(dim=0), b, wave)  # each piece's rows at the edge
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         ran = (cost_b > 0).reshape(-1).to(torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(

@@ -80,7 +80,8 @@ def kept_for(program: ProgramData, k: Kernel, key: tuple, build: Callable[[], T]
         arrays = tuple((id(t), t._version) for t in tensors)
     r, a, mesh = k.region, k.attrs, program.mesh
     shape = (k.op, k.shape, r.x, r.y, r.width, r.height, mesh.width, mesh.height)
-    attrs = tuple(a.get(n) for n in ("lanes", "in_features", "out_features", "kind", "all_ones", "drift"))
+    named = ("lanes", "in_features", "out_features", "kind", "all_ones", "drift", "row_tiles")
+    attrs = tuple(a.get(n) for n in named)
     return kept(owner, shape + attrs + arrays + key, build)
 
 

@@ -56,15 +56,21 @@ def _per_pe_rows(widths: torch.Tensor, kernel: Kernel) -> torch.Tensor:
 
 
 def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
-    """Rows in flight of every operand and of the result, at each PE's lane width."""
+    """Rows in flight of every operand and of the result, at each PE's lane width. In row tiles
+    (``runtime/tiles.py``) a PE keeps its tile's share of the rows of the result and of each operand
+    with the result's rows, and all of any other operand's."""
     rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
+    share = -(-rif // int(kernel.attrs.get("row_tiles", 1)))
     total = torch.zeros(kernel.region.pes, dtype=torch.int64)
     split = int(kernel.attrs.get("split", max(len(kernel.shape) - 1, 0)))
     shapes = [program.value(v) for v in kernel.inputs] + [program.value(kernel.name)]
+    mine = math.prod(kernel.shape) // max(features_of(kernel.shape, max(len(kernel.shape) - 1, 0)), 1)
     for value in shapes:
         s = min(split, max(len(value.shape) - 1, 0))
         widths = _lane_widths(features_of(value.shape, s), kernel)
-        total += _per_pe_rows(widths, kernel) * rif * itemsize(value.dtype)
+        rows = math.prod(value.shape) // max(features_of(value.shape, s), 1)
+        held = share if rows == mine else rif
+        total += _per_pe_rows(widths, kernel) * held * itemsize(value.dtype)
     return total
 
 

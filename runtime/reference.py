@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -73,6 +74,7 @@ from .pe_values import route_product
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
 from .semantics import apply
 from .sparse_eval import sparse_matmul
+from .tiles import tile_place, tile_rows
 from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["ReferenceMachine", "execute", "time_patterns", "MAX_PES"]
@@ -327,24 +329,41 @@ class ReferenceMachine:
     def _key(self, k: Kernel) -> str:
         return k.name if self.streaming else ""
 
-    def _leave(self, run: _Run, q: int, f: int, t: int, x: int) -> None:
+    def _leave(
+        self,
+        run: _Run,
+        q: int,
+        f: int,
+        t: int,
+        x: int,
+        rows: int | None = None,
+        then: Callable[[int], None] | None = None,
+    ) -> None:
         """Result ``(q, f)`` of ``run``'s kernel is at column ``x`` at ``t``: east along its lane to the
-        region's edge (nothing on the links when it is all zero), then off to its readers."""
+        region's edge (nothing on the links when it is all zero), then off to its readers. ``rows``:
+        only that many of the block's rows leave from ``x`` (a row tile's share), and ``then(cycle)``
+        when they reach the edge (the result is there when every share is)."""
         v, k = run.out, run.k
         row = k.region.y + v.lane(f)
         east = k.region.x + k.region.width - 1
-        sends = v.wave[q] if v.live is None or v.live[q][f] else 0
+        live = v.live is None or v.live[q][f]
+        sends = (v.wave[q] if rows is None else wavelets(rows, v.dtype, self.hw)) if live else 0
+        arrive = then or (lambda t: self._at_edge(run, q, f, t))
 
         def step(c: int, t: int) -> None:
             if c >= east:
-                self._ready(v, q, f, t)
-                run.left -= 1
-                if run.left == 0:
-                    self._end(run)
+                arrive(t)
                 return
             self.fabric.request((c, row, "E"), t, sends, v.color, lambda g: step(c + 1, g + self.hop))
 
         step(x, t)
+
+    def _at_edge(self, run: _Run, q: int, f: int, t: int) -> None:
+        """Result ``(q, f)`` is at the region's east edge at ``t``: ready for its readers."""
+        self._ready(run.out, q, f, t)
+        run.left -= 1
+        if run.left == 0:
+            self._end(run)
 
     def _end(self, run: _Run) -> None:
         k = run.k
@@ -386,15 +405,12 @@ class ReferenceMachine:
                 self.ev.at(run.t0, self._ready, v, q, f, run.t0)  # after every reader has said what it needs
 
     def _dense(self, run: _Run) -> None:
-        k, v, hw, r, t0 = run.k, run.out, self.hw, run.k.region, run.t0
+        k, v, hw, r = run.k, run.out, self.hw, run.k.region
         f_all, blocks = v.features, v.blocks
         sizes = _sizes(v.rows, v.block)
-        bounds = lane_bounds(f_all, v.lanes).tolist()
-        place = []  # (x, y, local pe) of each feature's tasks
-        for f in range(f_all):
-            lane = bisect.bisect_right(bounds, f) - 1
-            rank = f - bounds[lane]
-            place.append((r.x + rank % r.width, r.y + lane, lane * r.width + rank % r.width))
+        px, py, pe = (t.tolist() for t in tile_place(k, f_all))
+        tiles = len(px)  # each block's rows split over the row tiles (``runtime/tiles.py``)
+        shares = tile_rows(torch.tensor(sizes), tiles).tolist()  # [tile][block] rows
         rows = rows_of(k.shape)
         sources = []  # (value, streams, src feature of each feature)
         for name in dict.fromkeys(k.inputs):
@@ -413,7 +429,6 @@ class ReferenceMachine:
                     )
         idle = idle_tasks(k.op, heard, v.flags)
         ops = ops_per_element(self.p, k)
-        cost = [task_cycles(ops, n, k.dtype, hw) for n in sizes]
         busy = torch.zeros(r.pes, dtype=torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64)
         extra = 0
@@ -422,39 +437,55 @@ class ReferenceMachine:
         run.fields = {"busy": busy, "overhead": overhead, "blocks": blocks, "messages": blocks * f_all}
         run.left = blocks * f_all
         for q in range(blocks):
+            parts = [tt for tt in range(tiles) if shares[tt][q]]  # the tiles with rows of this block
+            edges = [_Join(len(parts), 0, partial(self._at_edge, run, q, f)) for f in range(f_all)]
+            shared = [(px[tt][f], shares[tt][q], edges[f].note) for tt in parts for f in range(f_all)]
             barrier = _Join(
-                f_all,
+                len(shared),
                 0,
-                lambda t, q=q: [self._leave(run, q, f, t + extra, place[f][0]) for f in range(f_all)],
+                lambda t, q=q, shared=shared: [
+                    self._leave(run, q, i % f_all, t + extra, *s) for i, s in enumerate(shared)
+                ],
             )
-            for f in range(f_all):
-                c = 0 if idle is not None and idle[q, f] else cost[q]
-                busy[place[f][2]] += c
-                overhead[place[f][2]] += task_overhead(1, ops, hw) if c else 0
+            for i, (tt, f) in enumerate((tt, f) for tt in parts for f in range(f_all)):
+                c = 0 if idle is not None and idle[q, f] else task_cycles(ops, shares[tt][q], k.dtype, hw)
+                busy[pe[tt][f]] += c
+                overhead[pe[tt][f]] += task_overhead(1, ops, hw) if c else 0
+                then = barrier.note if extra else partial(self._leave_at, run, q, f, shared[i])
+                self._dense_task(run, q, f, (px[tt][f], py[f]), c, sources, then)
 
-                def finish(t: int, q: int = q, f: int = f, barrier: _Join = barrier) -> None:
-                    if extra:
-                        barrier.note(t)
-                    else:
-                        self._leave(run, q, f, t, place[f][0])
+    def _leave_at(self, run: _Run, q: int, f: int, share: tuple, t: int) -> None:
+        self._leave(run, q, f, t, *share)
 
-                def arrived(a: int, q: int = q, f: int = f, c: int = c, done: Callable = finish) -> None:
-                    run.first = a if run.first is None else min(run.first, a)
-                    if c:
-                        self.cores.submit(place[f][:2], a, q * f_all + f, c, done)
-                    else:
-                        done(a)  # a task left out: none runs
+    def _dense_task(
+        self,
+        run: _Run,
+        q: int,
+        f: int,
+        at: tuple[int, int],
+        c: int,
+        sources: list,
+        then: Callable[[int], None],
+    ) -> None:
+        """Task ``(q, f)`` of ``c`` cycles on PE ``at`` once its input messages (``sources``) are there;
+        ``then(cycle)`` when it is done (a task left out: when it would have started)."""
+        k, v = run.k, run.out
+        rows = rows_of(k.shape)
 
-                count = sum(len(src.cover(q, v.block, rows, streams)) for src, streams, _ in sources)
-                join = _Join(count, t0, arrived)
-                if count == 0:
-                    self.ev.at(t0, arrived, t0)
-                x, y = place[f][:2]
-                for src, streams, picks in sources:
-                    for qs in src.cover(q, v.block, rows, streams):
-                        self.journeys.need(
-                            src, self._key(k), qs, picks[f], x, y, self._noting(run, src.name, join)
-                        )
+        def arrived(a: int) -> None:
+            run.first = a if run.first is None else min(run.first, a)
+            if c:
+                self.cores.submit(at, a, q * v.features + f, c, then)
+            else:
+                then(a)  # a task left out: none runs
+
+        count = sum(len(src.cover(q, v.block, rows, streams)) for src, streams, _ in sources)
+        join = _Join(count, run.t0, arrived)
+        if count == 0:
+            self.ev.at(run.t0, arrived, run.t0)
+        for src, streams, picks in sources:
+            for qs in src.cover(q, v.block, rows, streams):
+                self.journeys.need(src, self._key(k), qs, picks[f], *at, self._noting(run, src.name, join))
 
     def _noting(self, run: _Run, name: str, join: _Join) -> Callable[[int], None]:
         def arrived(t: int) -> None:

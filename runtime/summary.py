@@ -18,9 +18,9 @@ from typing import Any
 from .held import held_peak
 from .layout import sparse_bytes, weight_bytes
 from .memory import SRAM_LABEL, itemsize, sram_needed
-from .program import ProgramData
+from .program import Kernel, ProgramData
 
-__all__ = ["summary", "kernel_table", "totals_table"]
+__all__ = ["summary", "kernel_table", "totals_table", "mapping"]
 
 
 def _route_wavelets(program: ProgramData) -> dict[str, int]:
@@ -57,6 +57,7 @@ def summary(program: ProgramData) -> dict[str, Any]:
                 "imbalance": k.stats.get("imbalance"),
                 "sram_max": sram_needed(program, k) if program.has_payloads else k.stats.get("sram_max"),
                 "colors": sorted(colors.get(k.name, ())),
+                "mapping": mapping(k),
             }
         )
     sparse = [r for r in rows if r["nnz"] is not None]
@@ -101,6 +102,27 @@ def _weight_stream_bytes(program: ProgramData) -> int:
     return sum(weight_bytes(program, k) for k in program.kernels if k.op == "sparse_matmul")
 
 
+def mapping(k: Kernel) -> str:
+    """The lowering's choices for a kernel, in short: rows a block, row tiles, the balanced placement's
+    drift, packed indices.
+
+        >>> from sparsefx.runtime.program import Region
+        >>> mapping(Kernel("s", "matmul", Region(0, 0, 64, 64), ("q", "k"), (1536, 128), "float32",
+        ...     attrs={"rows_in_flight": 1536, "row_tiles": 32}))
+        '1536 rows a block, 32 row tiles'
+    """
+    a, parts = k.attrs, []
+    if "rows_in_flight" in a:
+        parts.append(f"{a['rows_in_flight']} rows a block")
+    if int(a.get("row_tiles", 1)) > 1:
+        parts.append(f"{a['row_tiles']} row tiles")
+    if a.get("drift") is not None:
+        parts.append(f"drift {a['drift']}")
+    if "pe_nnz" in k.arrays:
+        parts.append("packed indices")
+    return ", ".join(parts)
+
+
 def _fmt(value: Any, spec: str = "") -> str:
     if value is None:
         return "-"
@@ -115,7 +137,7 @@ def kernel_table(program: ProgramData, limit: int | None = None) -> Any:
     table = Table(
         title=f"{len(s['kernels'])} kernels on a {program.mesh} mesh ({program.mode}, {program.placement})"
     )
-    for col in ("kernel", "op", "region", "nnz", "imbalance", "SRAM needed", "colors"):
+    for col in ("kernel", "op", "region", "nnz", "imbalance", "SRAM needed", "colors", "mapping"):
         table.add_column(col, justify="right" if col in ("nnz", "imbalance", "SRAM needed") else "left")
     rows = s["kernels"] if limit is None else s["kernels"][:limit]
     for r in rows:
@@ -128,6 +150,7 @@ def kernel_table(program: ProgramData, limit: int | None = None) -> Any:
             _fmt(r["imbalance"], ".3f"),
             _fmt(r["sram_max"], ","),
             ",".join(map(str, r["colors"])),
+            r["mapping"],
         )
     if limit is not None and len(s["kernels"]) > limit:
         table.caption = f"... and {len(s['kernels']) - limit} more kernels"

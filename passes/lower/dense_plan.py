@@ -29,6 +29,7 @@ from .blocks import plan_blocks
 from .builder import Pending
 from .place import max_width, min_width, regions, work
 from .split_streamed import plan_passes
+from .tiles import with_tiles
 from .tune import DRIFTS, Choice, Report, hidden_behind, rowwise, search
 
 __all__ = ["dense_pending", "plan_dense"]
@@ -81,6 +82,9 @@ def plan_dense(
         return
     for k, r, (_, passes) in zip(program.kernels, regs, sized):
         k.attrs["dense"] = {"region": [r.x, r.y, r.width, r.height], "passes": passes}
+        tiles = with_tiles(dataclasses.replace(k, region=r, attrs=dict(k.attrs))).attrs.get("row_tiles")
+        if tiles is not None:
+            k.attrs["dense"]["row_tiles"] = tiles
         if program.placement == "balanced" and k.op == "sparse_matmul":
             k.attrs["dense"]["placement"] = "balanced"
     found = _tune(program, {k.name: w for k, w in zip(program.kernels, widths)}, report)

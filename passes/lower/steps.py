@@ -37,6 +37,7 @@ from .interpret import walk_graph
 from .place import lanes_for, max_width, min_width, regions, work
 from .place_sparse import place_sparse
 from .split_streamed import plan_passes
+from .tiles import with_tiles
 from .tune import tune_sparse
 
 __all__ = [
@@ -134,7 +135,8 @@ class SizeRegions:
 def _kernel(p: Pending, region: Region) -> Kernel:
     attrs = dict(p.attrs)
     attrs["lanes"] = region.height
-    return Kernel(p.name, p.op, region, p.inputs, p.shape, p.dtype, attrs, source=p.source)
+    k = Kernel(p.name, p.op, region, p.inputs, p.shape, p.dtype, attrs, source=p.source)
+    return with_tiles(k)
 
 
 @dataclass(frozen=True)
