@@ -159,7 +159,13 @@ def weight_bytes(program: ProgramData, k: Kernel) -> int:
     layout (``dense_layout``) its values, its PEs' ranges (as packed: ``encoding.range_bytes``) and its
     bias, with no indices or offsets.
 
-    An all-ones kernel holds no arrays: its values are its weight's, of the kernel's dtype."""
+    An all-ones kernel holds no arrays: its values are its weight's, of the kernel's dtype. An embedding
+    whose table the host gathers (``attrs["gather"] == "host"``, streaming mode) loads one table row
+    per id, not the table: the host holds the ids, as it holds every program input."""
+    if k.op == "embedding" and k.attrs.get("gather") == "host":
+        row = (k.shape[-1] if k.shape else 1) * itemsize(program.specs[k.arrays["table"]].dtype)
+        ids = math.prod(program.value(k.inputs[0]).shape) if k.inputs else 0
+        return ids * row
     if not dense_layout(program, k):
         return sum(program.specs[a].nbytes for a in k.arrays.values())
     ranges = range_bytes(int(k.attrs["in_features"]), int(k.attrs["out_features"]))

@@ -75,8 +75,11 @@ def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
 
 
 def _resident(program: ProgramData, kernel: Kernel) -> torch.Tensor:
-    """Arrays a kernel keeps whole, spread evenly over its PEs (tables, weights, constants)."""
-    total = sum(program.specs[name].nbytes for name in kernel.arrays.values())
+    """Arrays a kernel keeps whole, spread evenly over its PEs (tables, weights, constants); not an
+    embedding's table whose rows the host sends (``gather``: they pass through its buffers)."""
+    gathered = kernel.attrs.get("gather") and kernel.op == "embedding"
+    kept = [name for role, name in kernel.arrays.items() if not (gathered and role == "table")]
+    total = sum(program.specs[name].nbytes for name in kept)
     n = kernel.region.pes
     share = torch.full((n,), total // n, dtype=torch.int64)
     share[: total % n] += 1

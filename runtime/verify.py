@@ -30,11 +30,13 @@ import torch
 
 from sparsefx.errors import ProgramFormatError, VerifyError
 
+from .cost import features_of
 from .encoding import PACKED_ROLES, is_packed, sparse_arrays
 from .memory import pe_bytes
 from .mesh import Dir
 from .program import MODES, OPS, ArraySpec, Kernel, ProgramData, Region, Route
 from .routes import RUN_FIELDS, expand
+from .tiles import row_tiles
 
 __all__ = ["verify_program", "MAX_VALUE_ELEMENTS", "MAX_ROWS_IN_FLIGHT", "SPARSE_ROLES"]
 
@@ -54,6 +56,7 @@ _SIZE_ATTRS = {
     "split": (0, 64),
     "in_features": (0, MAX_VALUE_ELEMENTS),
     "out_features": (0, MAX_VALUE_ELEMENTS),
+    "row_tiles": (1, 1 << 16),
 }
 _SLACK = 64  # entries a batch may hold past twice the mesh's PEs before it is refused unexpanded
 _GROUP_ENTRIES = 1 << 20  # router entries of a streaming program's steps expanded together, at most
@@ -112,10 +115,30 @@ def _check_kernels(p: ProgramData) -> None:
                 raise _fail(k.name, f"array {role!r} names {array!r}, which the program does not hold")
         if k.op == "sparse_matmul":
             _check_sparse_roles(k)
+        _check_mapping(p, k)
         defined.add(k.name)
     for out in p.outputs:
         if out not in defined:
             raise VerifyError(f"program output {out!r} is not an input or a kernel")
+
+
+def _check_mapping(p: ProgramData, k: Kernel) -> None:
+    """Row tiles fit the region (``tiles.row_tiles``) of a kernel that runs in them; the host gathers
+    an embedding's table rows only where weights stream (``layout.weight_bytes``)."""
+    if "row_tiles" in k.attrs:
+        if k.op in ("sparse_matmul", "constant"):
+            raise _fail(k.name, f"a {k.op} kernel does not run in row tiles; drop attrs['row_tiles']")
+        try:
+            row_tiles(k, features_of(k.shape))
+        except ProgramFormatError as e:
+            raise VerifyError(str(e)) from None
+    gather = k.attrs.get("gather")
+    if gather is not None and (gather != "host" or k.op != "embedding" or p.mode != "streaming"):
+        raise _fail(
+            k.name,
+            f"attrs['gather']={gather!r} on a {p.mode} {k.op} kernel; only an embedding of a streaming "
+            "program takes gather='host'",
+        )
 
 
 def _check_shape(shape: tuple[int, ...], what: str) -> None:

@@ -59,7 +59,9 @@ def work(p: Pending) -> float:
 
 
 def _resident_bytes(p: Pending) -> int:
-    return sum(t.numel() * t.element_size() for t in p.payload.values())
+    """Bytes a kernel keeps whole: its payloads, but a table whose rows the host sends (``gather``)."""
+    kept = {n: t for n, t in p.payload.items() if not (n == "table" and p.attrs.get("gather"))}
+    return sum(t.numel() * t.element_size() for t in kept.values())
 
 
 def min_width(p: Pending, lanes: int, sram: int, rows: int = ROWS_IN_FLIGHT) -> int:

@@ -87,6 +87,10 @@ class WalkGraph:
     def __call__(self, state: LoweringState) -> PassResult:
         walk = walk_graph(state.graph, state.args, state.kwargs, state.meta.get("skip"))
         state.pending = walk.builder.pending
+        if state.mode == "streaming":  # the host sends the table rows the ids pick (``layout.py``)
+            for p in state.pending:
+                if p.op == "embedding":
+                    p.attrs["gather"] = "host"
         state.meta["flops"] = counted_flops(state.graph, state.args, state.kwargs)
         state.program = None
         state.meta["walk"] = walk
