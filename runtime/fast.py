@@ -65,7 +65,7 @@ from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
 from .queues import CHUNK, NEVER, fifo, sparse_tasks
 from .ramps import shared_departs
-from .tiles import tile_place, tile_rows
+from .tiles import edge_ready, tile_place, tile_rows
 from .timeline import Flow, KernelTime, Timeline
 
 __all__ = ["FastClock", "simulate"]
@@ -676,6 +676,70 @@ class FastClock:
         to_east = (r.x + r.width - 1 - px) * self.hw.hop_cycles
         return torch.arange(f), px, py, pe_local, to_east
 
+    def _share_sends(self, k: Kernel, rows: torch.Tensor, b: int) -> torch.Tensor:
+        """``[tiles, blocks, features]``: the wavelets of each row tile's share of each result (none
+        for a result that is all zero: it is filtered)."""
+        f = features_of(k.shape)
+        share = self.waves(rows.reshape(-1), k.dtype).reshape(rows.shape)[:, :, None].expand(-1, -1, f)
+        live = self.live(k.name, b)
+        return share if live is None else share * sized(live, rows.shape[1], f)[None]
+
+    def _lane_heads(
+        self,
+        k: Kernel,
+        reads: list[_Read],
+        fin: torch.Tensor,
+        share: torch.Tensor,
+        px: torch.Tensor,
+        py: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[tiles, blocks, features]``: when each row tile's share of each result reaches the region's
+        east edge. A lane's eastward links carry both the messages every tile reads and the shares the
+        tiles send east, so every tile's shares but the last one's queue on the link into the last tile
+        behind the messages crossing it (one wavelet a cycle, in arrival order; the messages go first,
+        as they come before the results they make)."""
+        r, hop = k.region, self.hw.hop_cycles
+        east, link = r.x + r.width - 1, int(px[-1].min())  # the last tile's first column
+        lane = py - r.y
+        queue, at, cost = [], [], []
+        shared = self._shared_departs([value for value, _, _ in reads])
+        for value, feats, _ in reads:
+            flow = self.flows[value]
+            depart = shared.get(value)
+            if depart is None:
+                depart = flow.depart(self.t0 if self.streaming else 0)
+            pairs = torch.unique(lane * flow.features + feats)  # (lane, source feature), each once
+            lanes, src = pairs // flow.features, pairs % flow.features
+            reach = self._hops(flow, torch.full_like(src, link)) * hop
+            queue.append(lanes[None, :].expand(flow.blocks, -1).reshape(-1))
+            at.append((depart[:, src] + reach[None, :]).reshape(-1))
+            cost.append(flow.sends[:, src].reshape(-1))
+        before = fin[:-1] + ((link - px[:-1]) * hop)[:, None, :]  # the shares of every tile but the last
+        queue.append(lane[None, None, :].expand_as(before).reshape(-1))
+        at.append(before.reshape(-1))
+        cost.append(share[:-1].reshape(-1))
+        done = fifo(torch.cat(queue), torch.cat(at), torch.cat(cost))[-before.numel() :]
+        passed = done.reshape(before.shape) - share[:-1]  # each share's head past the link
+        last = fin[-1:] + ((east - px[-1]) * hop)[None, None, :]
+        return torch.cat([passed + (east - link) * hop, last])
+
+    @staticmethod
+    def _edge_ready(
+        heads: torch.Tensor,
+        share: torch.Tensor,
+        rows: torch.Tensor,
+        wave: torch.Tensor,
+        live: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``[blocks, features]``: when each result is at the region's edge from its row tiles' shares
+        (``tiles.edge_ready``)."""
+        if heads.shape[0] == 1:
+            return heads[0]
+        whole = wave[:, None].expand(heads.shape[1:])
+        if live is not None:
+            whole = whole * sized(live, heads.shape[1], heads.shape[2])
+        return edge_ready(heads, share, whole, (rows[:, :, None] > 0).expand_as(heads))
+
     def _dense(self, k: Kernel, t0: int) -> tuple[KernelTime, Flow]:
         hw, r = self.hw, k.region
         b, blocks, sizes, wave = self._blocks(k)
@@ -714,9 +778,9 @@ class FastClock:
             extra = allreduce_cycles(lanes, hw)
         if extra:  # the all-reduce: a barrier over the block's tasks
             fin = fin.amax(dim=(0, 2), keepdim=True).expand_as(fin) + extra
-        had = rows[:, :, None] > 0
-        east = torch.where(had, fin + to_east[:, None, :], torch.iinfo(torch.int64).min)
-        flow = self._out_flow(k, east.amax(dim=0), b, wave)  # each piece's rows at the edge
+        share = self._share_sends(k, rows, b)
+        heads = self._lane_heads(k, reads, fin, share, px, py) if tiles > 1 else fin + to_east[:, None, :]
+        flow = self._out_flow(k, self._edge_ready(heads, share, rows, wave, self.live(k.name, b)), b, wave)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         ran = (cost_b > 0).reshape(-1).to(torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(

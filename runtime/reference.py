@@ -120,6 +120,25 @@ class _Join:
             self.then(self.t)
 
 
+class _Edge:
+    """A result's shares (one a row tile) reaching its region's east edge. Their wavelets pass the
+    edge in turn, as the whole message's would: the result is there, for its lane's departures, when
+    its last wavelet is less the whole message's, and no earlier than its first share's head
+    (``tiles.edge_ready``, the fast clock's rule)."""
+
+    __slots__ = ("left", "head", "tail", "full", "then")
+
+    def __init__(self, count: int, full: int, then: Callable[[int], None]) -> None:
+        self.left, self.head, self.tail, self.full, self.then = count, None, 0, full, then
+
+    def note(self, head: int, sends: int) -> None:
+        self.head = head if self.head is None else min(self.head, head)
+        self.tail = max(self.tail, head + sends)
+        self.left -= 1
+        if self.left == 0:
+            self.then(max(self.head, self.tail - self.full))
+
+
 def _sizes(rows: int, b: int) -> list[int]:
     rows = max(rows, 1)
     n = math.ceil(rows / b)
@@ -337,22 +356,24 @@ class ReferenceMachine:
         t: int,
         x: int,
         rows: int | None = None,
-        then: Callable[[int], None] | None = None,
+        then: Callable[[int, int], None] | None = None,
     ) -> None:
         """Result ``(q, f)`` of ``run``'s kernel is at column ``x`` at ``t``: east along its lane to the
         region's edge (nothing on the links when it is all zero), then off to its readers. ``rows``:
-        only that many of the block's rows leave from ``x`` (a row tile's share), and ``then(cycle)``
-        when they reach the edge (the result is there when every share is)."""
+        only that many of the block's rows leave from ``x`` (a row tile's share), and ``then(cycle,
+        wavelets)`` when their head reaches the edge (``_Edge``: the result is there when every share is)."""
         v, k = run.out, run.k
         row = k.region.y + v.lane(f)
         east = k.region.x + k.region.width - 1
         live = v.live is None or v.live[q][f]
         sends = (v.wave[q] if rows is None else wavelets(rows, v.dtype, self.hw)) if live else 0
-        arrive = then or (lambda t: self._at_edge(run, q, f, t))
 
         def step(c: int, t: int) -> None:
             if c >= east:
-                arrive(t)
+                if then is None:
+                    self._at_edge(run, q, f, t)
+                else:
+                    then(t, sends)
                 return
             self.fabric.request((c, row, "E"), t, sends, v.color, lambda g: step(c + 1, g + self.hop))
 
@@ -438,7 +459,14 @@ class ReferenceMachine:
         run.left = blocks * f_all
         for q in range(blocks):
             parts = [tt for tt in range(tiles) if shares[tt][q]]  # the tiles with rows of this block
-            edges = [_Join(len(parts), 0, partial(self._at_edge, run, q, f)) for f in range(f_all)]
+            edges = [
+                _Edge(
+                    len(parts),
+                    v.wave[q] if v.live is None or v.live[q][f] else 0,
+                    partial(self._at_edge, run, q, f),
+                )
+                for f in range(f_all)
+            ]
             shared = [(px[tt][f], shares[tt][q], edges[f].note) for tt in parts for f in range(f_all)]
             barrier = _Join(
                 len(shared),

@@ -33,7 +33,7 @@ from sparsefx.errors import ProgramFormatError
 from .blocking import kernel_lanes, lane_rank
 from .program import Kernel, lane_bounds
 
-__all__ = ["MAX_TILES", "row_tiles", "tile_columns", "tile_place", "tile_rows", "tiles_for"]
+__all__ = ["MAX_TILES", "edge_ready", "row_tiles", "tile_columns", "tile_place", "tile_rows", "tiles_for"]
 
 MAX_TILES = 64
 """Most groups the lowering cuts a region into: past the tasks' own length in cycles (an activation
@@ -84,3 +84,22 @@ def tile_rows(sizes: torch.Tensor, tiles: int) -> torch.Tensor:
     """
     t = torch.arange(tiles)[:, None]
     return sizes[None, :] // tiles + (t < sizes[None, :] % tiles).to(sizes.dtype)
+
+
+def edge_ready(
+    heads: torch.Tensor, sends: torch.Tensor, whole: torch.Tensor, has: torch.Tensor
+) -> torch.Tensor:
+    """``[blocks, features]``: when a result made in row tiles is at its region's east edge, from each
+    tile's share (``[tiles, blocks, features]``: its head's arrival, its wavelets, whether it has rows).
+    The shares' wavelets pass the edge in turn, as the whole message's (``whole`` wavelets) would: the
+    result is there when its last wavelet is less the whole message's, and no earlier than its first
+    share's head. Both executors use this rule (the reference with its link queues in ``heads``).
+
+        >>> heads, has = torch.tensor([[[10]], [[10]]]), torch.ones(2, 1, 1, dtype=torch.bool)
+        >>> edge_ready(heads, torch.full((2, 1, 1), 4), torch.tensor([[8]]), has)  # at once: 4 wavelets each
+        tensor([[10]])
+    """
+    big = torch.iinfo(torch.int64)
+    first = torch.where(has, heads, big.max).amin(dim=0)
+    last = torch.where(has, heads + sends, big.min).amax(dim=0)
+    return torch.maximum(first, last - whole)
