@@ -161,3 +161,7 @@ ZERO_SKIPPING = frozenset(k.name for k in _ROWS if k.skips_zero_tasks)
 """Kinds whose task on all-zero data makes all zeros and can be left out (``cost.idle_tasks``): an
 elementwise op whose result is zero where its inputs are (ReLU, a product; not ``exp``), and a layout
 change (zeros moved are zeros). Norms, softmax, reductions and activation products run every task."""
+
+CHAINED_LAYOUTS = ("reshape", "permute", "slice", "select", "index", "expand")
+"""Layout functions of one input and no arrays: they compose, and a ``chain`` layout kernel applies a
+list of them in order (``passes/lower/fuse_layouts.py``)."""

@@ -23,6 +23,7 @@ or wrongly sized array, or an op torch rejects is an ``EmulationError`` naming t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ from sparsefx.errors import EmulationError, ProgramFormatError
 
 from .elementwise import CASTS, call, keywords, operands
 from .encoding import sparse_arrays
+from .op_kinds import CHAINED_LAYOUTS
 from .program import DTYPES, Kernel, ProgramData
 from .sparse_eval import sparse_matmul
 
@@ -166,6 +168,13 @@ def _layout(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torc
         return (torch.cat if fn == "cat" else torch.stack)(inputs, _attr(k, "dim", int))
     _count(k, inputs, 1)
     x = inputs[0]
+    if fn == "chain":  # layout changes joined into one kernel (``passes/lower/fuse_layouts.py``)
+        for step in _attr(k, "steps", list):
+            if not isinstance(step, dict) or step.get("fn") not in CHAINED_LAYOUTS:
+                valid = ", ".join(CHAINED_LAYOUTS)
+                raise EmulationError(f"{_where(k)}: chain step {step!r} is not a layout of one of {valid}")
+            x = _layout(program, dataclasses.replace(k, attrs=step), [x])
+        return x
     if fn == "reshape":
         return x.reshape(_ints(k, "shape"))
     if fn == "expand":

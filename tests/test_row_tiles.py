@@ -45,6 +45,10 @@ def test_attention_matmuls_run_in_row_tiles_and_both_executors_agree(gpt, progra
         assert row_tiles(k, k.shape[-1]) == k.attrs["row_tiles"] > 1
     fresh = torch.randint(0, 64, (2, 16))
     fast, ref = _agree(program, (fresh,))
+    spans = {k.name: k.end - k.start for k in ref.stats.kernels}
+    for k in fast.stats.kernels:  # the tiled kernels themselves, not only the whole run
+        if k.name in {t.name for t in tiled}:
+            assert abs(k.end - k.start - spans[k.name]) <= 0.05 * spans[k.name], k.name
     expected = sm.eval()(fresh)
     assert torch.allclose(fast.outputs, expected, rtol=1e-4, atol=1e-5)
     assert torch.allclose(ref.outputs, expected, rtol=1e-4, atol=1e-5)

@@ -31,6 +31,7 @@ from .builder import Pending
 from .connect import assign, internal_routes, tasks_for, value_routes
 from .dense_plan import dense_pending, plan_dense
 from .flops import counted_flops
+from .fuse_layouts import fuse_layouts
 from .host_join import join_on_host
 from .install import install
 from .interpret import walk_graph
@@ -86,7 +87,7 @@ class WalkGraph:
 
     def __call__(self, state: LoweringState) -> PassResult:
         walk = walk_graph(state.graph, state.args, state.kwargs, state.meta.get("skip"))
-        state.pending = walk.builder.pending
+        state.pending = fuse_layouts(walk.builder.pending, walk.outputs)
         if state.mode == "streaming":  # the host sends the table rows the ids pick (``layout.py``)
             for p in state.pending:
                 if p.op == "embedding":
