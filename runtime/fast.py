@@ -327,9 +327,9 @@ class FastClock:
         hops = self._hops(flow, x) * hop  # to (x, lane row)
         plan = _Plan(flow, feats, q, depart, hops, rise.abs() * hop)
         if forks:  # up or down the column: queued on the busiest link the message crosses
-            qs, q_at = torch.unique(q, return_inverse=True)
-            if len(qs) == 1:  # it reads the whole value: every block of it crosses the column
-                qs, q_at = torch.arange(int(qs[0]) + 1), q
+            # every block of the value up to the last one read crosses the column: a kernel whose
+            # blocks are longer than the value's reads two or more of them a block, not only the last
+            qs, q_at = torch.arange(int(q.max()) + 1), q
             sent = feats[pair]
             plan.at_column = depart[qs][:, sent].add_(hops[None, pair])  # [source blocks, column messages]
             plan.cost = flow.sends[qs][:, sent]  # a filtered message (0 wavelets) does not queue

@@ -56,22 +56,45 @@ def _per_pe_rows(widths: torch.Tensor, kernel: Kernel) -> torch.Tensor:
 
 
 def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
-    """Rows in flight of every operand and of the result, at each PE's lane width. In row tiles
-    (``runtime/tiles.py``) a PE keeps its tile's share of the rows of the result and of each operand
-    with the result's rows, and all of any other operand's."""
+    """Rows of every operand and of the result each PE holds, of the features it works on: a lane's
+    features go one a column (``runtime/tiles.py``), so a PE holds its own, not its lane's. The result
+    and each operand the kernel streams row by row take ``rows_in_flight`` rows (a row tile's share);
+    an operand it reads whole (a transpose's input, an attention matmul's keys) every row of it."""
     rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
-    share = -(-rif // int(kernel.attrs.get("row_tiles", 1)))
+    tiles = int(kernel.attrs.get("row_tiles", 1))
+    share = -(-rif // tiles)
     total = torch.zeros(kernel.region.pes, dtype=torch.int64)
     split = int(kernel.attrs.get("split", max(len(kernel.shape) - 1, 0)))
-    shapes = [program.value(v) for v in kernel.inputs] + [program.value(kernel.name)]
-    mine = math.prod(kernel.shape) // max(features_of(kernel.shape, max(len(kernel.shape) - 1, 0)), 1)
-    for value in shapes:
+    mine = _rows(kernel.shape, max(len(kernel.shape) - 1, 0))
+    cols = _tile_columns(features_of(kernel.shape, max(len(kernel.shape) - 1, 0)), kernel, tiles)
+    for name in [*kernel.inputs, kernel.name]:
+        value = program.value(name)
         s = min(split, max(len(value.shape) - 1, 0))
-        widths = _lane_widths(features_of(value.shape, s), kernel)
-        rows = math.prod(value.shape) // max(features_of(value.shape, s), 1)
-        held = share if rows == mine else rif
-        total += _per_pe_rows(widths, kernel) * held * itemsize(value.dtype)
+        rows = _rows(value.shape, s)
+        held = share if name == kernel.name or rows == mine else rows
+        per_pe = _pe_features(features_of(value.shape, s), kernel, cols, tiles)
+        total += per_pe * held * itemsize(value.dtype)
     return total
+
+
+def _rows(shape: tuple[int, ...], split: int) -> int:
+    return math.prod(shape) // max(features_of(shape, split), 1)
+
+
+def _tile_columns(features: int, kernel: Kernel, tiles: int) -> int:
+    """Columns a row tile of the kernel takes: its widest lane's features, at most its width."""
+    widest = int(_lane_widths(features, kernel).max()) if features else 1
+    return max(1, min(kernel.region.width // max(tiles, 1), widest)) if tiles > 1 else kernel.region.width
+
+
+def _pe_features(features: int, kernel: Kernel, cols: int, tiles: int) -> torch.Tensor:
+    """``[region.pes]``: how many of a value's features each PE holds, its lane's features dealt one a
+    column over ``cols`` columns in each of ``tiles`` row tiles (none past the last tile)."""
+    widths = _lane_widths(features, kernel)[:, None]  # [height, 1]
+    c = torch.arange(kernel.region.width)[None, :]
+    at = c % cols
+    n = widths // cols + (at < widths % cols).to(torch.int64)
+    return torch.where(c < cols * tiles, n, 0).reshape(-1)
 
 
 def _resident(program: ProgramData, kernel: Kernel) -> torch.Tensor:
