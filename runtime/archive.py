@@ -5,7 +5,7 @@
 
 A program file is a zip of exactly three members, all stored uncompressed (``ZIP_STORED``):
 
-- ``manifest.json``: ``{"format": "sparsefx-program", "format_version": 3, "sparsefx_version": ...,
+- ``manifest.json``: ``{"format": "sparsefx-program", "format_version": 5, "sparsefx_version": ...,
   "counts": {kernels, routes, inputs, outputs, arrays, payload_bytes}, "members": {name: {size, sha256}}}``
   (the sha256 of each other member);
 - ``program.txt``: the text form (``runtime/text.py``);

@@ -4,7 +4,7 @@ Only the writer: it sits below ``DataflowProgram`` (``runtime/dataflow.py``), wh
 takes any ``ProgramData``. The format's names and limits are here, and ``archive.py`` re-exports them::
 
     >>> MEMBERS, FORMAT, FORMAT_VERSION, READS_VERSIONS
-    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 4, (1, 2, 3, 4))
+    (('manifest.json', 'program.txt', 'tensors.safetensors'), 'sparsefx-program', 5, (1, 2, 3, 4, 5))
 """
 
 from __future__ import annotations
@@ -44,14 +44,18 @@ __all__ = [
 ]
 
 FORMAT = "sparsefx-program"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """The manifest's ``format_version`` this sparsefx writes. 2: the hardware line has
 ``vector_start_cycles``. 3: the hardware line has ``sram_bytes_per_cycle`` and the output tree may
 have ``cat`` nodes (``runtime/outputs.py``). 4: a sparse matmul may store its weight packed
-(``runtime/encoding.py``: ``index``, ``pe_nnz``). Files of ``READS_VERSIONS`` load (a field an older file
-lacks takes its default); any other version is refused, naming both."""
+(``runtime/encoding.py``: ``index``, ``pe_nnz``). 5: a kernel may run in row tiles
+(``attrs["row_tiles"]``, ``runtime/tiles.py``), a streaming embedding may take its rows from the host
+(``attrs["gather"]``) and a layout kernel may apply a chain of layout steps (``fn: chain``): an older
+sparsefx would time or run such a program differently, so it refuses the file. Files of
+``READS_VERSIONS`` load (a field an older file lacks takes its default); any other version is
+refused, naming both."""
 
-READS_VERSIONS = (1, 2, 3, 4)
+READS_VERSIONS = (1, 2, 3, 4, 5)
 
 MANIFEST, TEXT, TENSORS = "manifest.json", "program.txt", "tensors.safetensors"
 MEMBERS = (MANIFEST, TEXT, TENSORS)

@@ -156,7 +156,7 @@ def test_the_file_is_a_stored_zip_of_three_members_with_a_manifest(saved: Path) 
     assert all(i.compress_type == zipfile.ZIP_STORED and i.date_time == (1980, 1, 1, 0, 0, 0) for i in infos)
     members = _members(saved)
     manifest = json.loads(members[MANIFEST])
-    assert manifest["format_version"] == 4 and manifest["sparsefx_version"] == sparsefx.__version__
+    assert manifest["format_version"] == 5 and manifest["sparsefx_version"] == sparsefx.__version__
     assert manifest["counts"] == {
         "arrays": 12, "inputs": 1, "kernels": 2, "outputs": 1, "routes": 2,
         "payload_bytes": sum(s.nbytes for s in p.specs.values()),
@@ -387,11 +387,11 @@ def test_truncated_files(cut: float, saved: Path, tmp_path: Path) -> None:
     ("changes", "message"),
     [
         (
-            {"format_version": 5},
-            r"format_version 5 is newer than this sparsefx reads; .* reads format_version 1, 2, 3 and 4",
+            {"format_version": 6},
+            r"format_version 6 is newer than this sparsefx reads; .* reads format_version 1, 2, 3, 4 and 5",
         ),
-        ({"format_version": "1"}, r"format_version '1' is unknown; .* reads format_version 1, 2, 3 and 4"),
-        ({"format_version": 0}, r"format_version 0 is unknown; .* reads format_version 1, 2, 3 and 4"),
+        ({"format_version": "1"}, r"format_version '1' is unknown; .* reads format_version 1, 2, 3, 4 and 5"),
+        ({"format_version": 0}, r"format_version 0 is unknown; .* reads format_version 1, 2, 3, 4 and 5"),
         ({"format_version": True}, r"format_version True is unknown"),
         ({"format": "zip"}, r"format is 'zip'; expected 'sparsefx-program'"),
         ({"extra": 1}, r"has keys .*; expected"),
