@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -205,6 +206,25 @@ def write_json(path: str, payload: Mapping[str, Any]) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=2, sort_keys=True)
             f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_between_markers(path: Path, start: str, end: str, body: str) -> None:
+    """Rewrite the text between ``start`` and ``end`` in ``path`` (a README's generated table) with
+    ``body``, atomically; a file that does not hold each marker once, in order, is refused."""
+    text = path.read_text(encoding="utf-8")
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise SystemExit(f"{path} must hold {start} once, then {end} once")
+    head, rest = text.split(start)
+    new = head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".readme-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(new)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from _timing import add_json_arg, environment, print_table, write_json
+from _timing import add_json_arg, environment, print_table, write_between_markers, write_json
 
 import sparsefx
 from sparsefx.runtime.baseline import dense_program
@@ -93,15 +92,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def write_readme(rows: list[dict[str, Any]], path: Path = README) -> None:
     """Rewrite the table between the README's markers, atomically."""
-    text = path.read_text(encoding="utf-8")
-    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise SystemExit(f"{path} must hold {START} once, then {END} once")
-    head, rest = text.split(START)
-    new = head + START + "\n" + markdown(rows) + "\n" + END + rest.split(END, 1)[1]
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".readme-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(new)
-    os.replace(tmp, path)
+    write_between_markers(path, START, END, markdown(rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -300,6 +300,12 @@ class FastClock:
                 out.update(zip(group, shared_departs(flows, [self.row0(v) for v in group], self.t0)))
         return out
 
+    def _departs(self, flow: Flow, shared: torch.Tensor | None) -> torch.Tensor:
+        """``[blocks, features]``: when each message of ``flow`` leaves for the kernel being timed:
+        ``shared`` where it shares its ramps with other values the kernel reads (``_shared_departs``),
+        else its own lanes' departures (a stored value is sent again from the step's start)."""
+        return shared if shared is not None else flow.depart(self.t0 if self.streaming else 0)
+
     def row0(self, value: str) -> int:
         """The mesh row of ``value``'s lane 0: its producer's first row (a program input: row 0)."""
         return self._rows0.get(value, 0)
@@ -322,8 +328,7 @@ class FastClock:
             kernel, ("arrivals", flow.features, flow.lanes) + key, lambda: self._forks(flow, feats, x, y)
         )
         q = self._source_blocks(flow, kernel, value, blocks, b)
-        if depart is None:  # else: it shares its ramps with other values the kernel reads
-            depart = flow.depart(self.t0 if self.streaming else 0)
+        depart = self._departs(flow, depart)
         hops = self._hops(flow, x) * hop  # to (x, lane row)
         plan = _Plan(flow, feats, q, depart, hops, rise.abs() * hop)
         if forks:  # up or down the column: queued on the busiest link the message crosses
@@ -705,9 +710,7 @@ class FastClock:
         shared = self._shared_departs([value for value, _, _ in reads])
         for value, feats, _ in reads:
             flow = self.flows[value]
-            depart = shared.get(value)
-            if depart is None:
-                depart = flow.depart(self.t0 if self.streaming else 0)
+            depart = self._departs(flow, shared.get(value))
             pairs = torch.unique(lane * flow.features + feats)  # (lane, source feature), each once
             lanes, src = pairs // flow.features, pairs % flow.features
             reach = self._hops(flow, torch.full_like(src, link)) * hop
@@ -733,8 +736,6 @@ class FastClock:
     ) -> torch.Tensor:
         """``[blocks, features]``: when each result is at the region's edge from its row tiles' shares
         (``tiles.edge_ready``)."""
-        if heads.shape[0] == 1:
-            return heads[0]
         whole = wave[:, None].expand(heads.shape[1:])
         if live is not None:
             whole = whole * sized(live, heads.shape[1], heads.shape[2])
@@ -778,9 +779,13 @@ class FastClock:
             extra = allreduce_cycles(lanes, hw)
         if extra:  # the all-reduce: a barrier over the block's tasks
             fin = fin.amax(dim=(0, 2), keepdim=True).expand_as(fin) + extra
-        share = self._share_sends(k, rows, b)
-        heads = self._lane_heads(k, reads, fin, share, px, py) if tiles > 1 else fin + to_east[:, None, :]
-        flow = self._out_flow(k, self._edge_ready(heads, share, rows, wave, self.live(k.name, b)), b, wave)
+        if tiles > 1:
+            share = self._share_sends(k, rows, b)
+            heads = self._lane_heads(k, reads, fin, share, px, py)
+            ready = self._edge_ready(heads, share, rows, wave, self.live(k.name, b))
+        else:
+            ready = fin[0] + to_east
+        flow = self._out_flow(k, ready, b, wave)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         ran = (cost_b > 0).reshape(-1).to(torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(

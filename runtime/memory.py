@@ -25,6 +25,7 @@ import torch
 
 from .encoding import row_index_dtype
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
+from .tiles import tile_columns
 
 __all__ = ["pe_bytes", "sram_needed", "SRAM_LABEL", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
 
@@ -66,7 +67,7 @@ def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     total = torch.zeros(kernel.region.pes, dtype=torch.int64)
     split = int(kernel.attrs.get("split", max(len(kernel.shape) - 1, 0)))
     mine = _rows(kernel.shape, max(len(kernel.shape) - 1, 0))
-    cols = _tile_columns(features_of(kernel.shape, max(len(kernel.shape) - 1, 0)), kernel, tiles)
+    cols = tile_columns(kernel, features_of(kernel.shape, max(len(kernel.shape) - 1, 0)))
     for name in [*kernel.inputs, kernel.name]:
         value = program.value(name)
         s = min(split, max(len(value.shape) - 1, 0))
@@ -79,12 +80,6 @@ def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
 
 def _rows(shape: tuple[int, ...], split: int) -> int:
     return math.prod(shape) // max(features_of(shape, split), 1)
-
-
-def _tile_columns(features: int, kernel: Kernel, tiles: int) -> int:
-    """Columns a row tile of the kernel takes: its widest lane's features, at most its width."""
-    widest = int(_lane_widths(features, kernel).max()) if features else 1
-    return max(1, min(kernel.region.width // max(tiles, 1), widest)) if tiles > 1 else kernel.region.width
 
 
 def _pe_features(features: int, kernel: Kernel, cols: int, tiles: int) -> torch.Tensor:

@@ -93,3 +93,22 @@ def tiny_bert_config() -> Any:
         vocab_size=HF_VOCAB,
         max_position_embeddings=32,
     )
+
+
+def benchmark_module(script: str) -> Any:
+    """``benchmarks/<script>.py`` imported as ``<script>_benchmark`` (registered in ``sys.modules``:
+    dataclasses look their module up by name), with ``benchmarks/`` on the path for its own imports.
+    Light: the benchmarks load torch models and the lowering only when they measure."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    name = f"{script}_benchmark"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -4,25 +4,15 @@ baselines, and the attention matmuls in row tiles. No model runs here."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from conftest import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-NAME = "mapping_benchmark"
 
 
-def _benchmark():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(NAME, ROOT / "benchmarks" / "mapping.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[NAME] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _benchmark()
+bench = benchmark_module("mapping")
 
 
 def _table() -> tuple[list[str], list[list[str]]]:

@@ -4,27 +4,17 @@ their ideals. No model runs here."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
+
+from conftest import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-NAME = "roofline_benchmark"
 FIGURE = re.compile(r"^(\d+\.\d+)x of (\d+(?:\.\d+)?)x \((.+) (\d+)%\)$")
 
 
-def _benchmark():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(NAME, ROOT / "benchmarks" / "roofline.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[NAME] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _benchmark()
+bench = benchmark_module("roofline")
 
 
 def test_the_readme_holds_the_table_once_with_the_command_and_the_picture():

@@ -3,28 +3,19 @@ benchmark's variants, in order, and every figure in it parses. No model runs her
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import benchmark_module
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-NAME = "sensitivity_benchmark"
 
 
-def _benchmark():
-    spec = importlib.util.spec_from_file_location(NAME, ROOT / "benchmarks" / "sensitivity.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[NAME] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)  # light: torch and the lowering load only when it measures
-    return module
-
-
-bench = _benchmark()
+bench = benchmark_module("sensitivity")
 
 
 def test_the_readme_holds_the_markers_once_in_order():
