@@ -57,6 +57,7 @@ from .cost import (
     task_overhead,
     wavelets,
 )
+from .homes import back, stays
 from .host import edge_queued, outputs_in_host
 from .intervals import Columns, Holders, busiest_link, column_load, cumcount, lane_merges
 from .layout import Layout, layout, weight_bytes
@@ -303,8 +304,13 @@ class FastClock:
     def _departs(self, flow: Flow, shared: torch.Tensor | None) -> torch.Tensor:
         """``[blocks, features]``: when each message of ``flow`` leaves for the kernel being timed:
         ``shared`` where it shares its ramps with other values the kernel reads (``_shared_departs``),
-        else its own lanes' departures (a stored value is sent again from the step's start)."""
-        return shared if shared is not None else flow.depart(self.t0 if self.streaming else 0)
+        else its own lanes' departures (a stored value is sent again from the step's start); a value
+        kept where it was made leaves ``back`` columns west of the east edge (``homes.py``)."""
+        depart = shared if shared is not None else flow.depart(self.t0 if self.streaming else 0)
+        if flow.back is None:
+            return depart
+        # kept west of the east column (``homes.py``): as if sent from there, fewer columns to go
+        return depart - (flow.back * self.hw.hop_cycles)[None, :]
 
     def row0(self, value: str) -> int:
         """The mesh row of ``value``'s lane 0: its producer's first row (a program input: row 0)."""
@@ -398,8 +404,9 @@ class FastClock:
         return self._dense(k, t0)
 
     def setting(self, k: Kernel) -> tuple:
-        """``reuse.setting`` of ``k`` on this clock's hardware and mode."""
-        return reuse.setting(k, self.hw, self.streaming)
+        """``reuse.setting`` of ``k`` on this clock's hardware and mode, and whether its result stays
+        where it is made (``homes.py``: not for a program output)."""
+        return (*reuse.setting(k, self.hw, self.streaming), stays(self.p, k))
 
     def situation(self, k: Kernel, t0: int) -> tuple:
         """``reuse.situation`` of ``k`` starting at ``t0``: its inputs' flows, the input vectors it is sent
@@ -440,6 +447,8 @@ class FastClock:
         east = k.region.x + k.region.width - 1
         flow = Flow(k.name, k.dtype, f, kernel_lanes(k, f), rows_of(k.shape), b, wave, east, ready)
         flow.live = fits(self.live(k.name, b), flow)
+        if stays(self.p, k):
+            flow.back = self._kept(k, ("back",), lambda: back(k))
         return flow
 
     def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor, torch.Tensor]:
@@ -779,7 +788,10 @@ class FastClock:
             extra = allreduce_cycles(lanes, hw)
         if extra:  # the all-reduce: a barrier over the block's tasks
             fin = fin.amax(dim=(0, 2), keepdim=True).expand_as(fin) + extra
-        if tiles > 1:
+        if stays(self.p, k):  # made where it stays: the last share of each result (``homes.py``)
+            has = (rows > 0)[:, :, None].expand_as(fin)
+            ready = torch.where(has, fin, torch.iinfo(torch.int64).min).amax(dim=0)
+        elif tiles > 1:
             share = self._share_sends(k, rows, b)
             heads = self._lane_heads(k, reads, fin, share, px, py)
             ready = self._edge_ready(heads, share, rows, wave, self.live(k.name, b))

@@ -44,6 +44,7 @@ import torch
 
 from .blocking import kernel_lanes
 from .cost import features_of, rows_of
+from .homes import kept_where, stays
 from .memory import itemsize, pe_bytes
 from .program import Kernel, ProgramData, lane_bounds
 
@@ -93,19 +94,27 @@ def _kept(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, dict]]:
         return
     mesh = p.mesh
     held = torch.zeros(mesh.height, mesh.width, dtype=torch.int64)
-    kept: dict[str, tuple[int, int, torch.Tensor]] = {}  # value -> (column, first row, bytes a lane)
+    kept: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # value -> (x, y, bytes)
     made: Kernel | None = None
     for i, k in enumerate(p.kernels):
         if made is not None and made.name in last and made.region.pes:  # kept from the next step on
-            per = lane_bytes(made)
-            x, y = made.region.x + made.region.width - 1, made.region.y
-            held[y : y + len(per), x] += per
-            kept[made.name] = (x, y, per)
+            kept[made.name] = where = _where(p, made)
+            held.index_put_(where[1::-1], where[2], accumulate=True)
         made = k
         yield i, k, held, kept
         for v in [v for v, j in last.items() if j == i and v in kept]:
-            cx, cy, per = kept.pop(v)
-            held[cy : cy + len(per), cx] -= per
+            x, y, nbytes = kept.pop(v)
+            held.index_put_((y, x), -nbytes, accumulate=True)
+
+
+def _where(p: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, y, bytes)``: the PEs that keep ``k``'s result and the bytes each keeps, where it was made
+    (``homes.kept_where``) or, a sparse matmul's or a constant's, on the region's east column."""
+    if stays(p, k):
+        return kept_where(k)
+    per = lane_bytes(k)
+    y = k.region.y + torch.arange(len(per))
+    return torch.full_like(y, k.region.x + k.region.width - 1), y, per
 
 
 def _steps(
@@ -149,7 +158,7 @@ def held_peak(p: ProgramData) -> HeldPeak | None:
     for _, k, held, own, kept in _steps(p):
         x, y, total = _busiest(held, own, k)
         if best is None or total > best.total:
-            names = tuple(v for v, (cx, cy, n) in kept.items() if cx == x and cy <= y < cy + len(n))
+            names = tuple(v for v, (cx, cy, _) in kept.items() if bool(((cx == x) & (cy == y)).any()))
             mine = int(own[y - k.region.y, x - k.region.x]) if k.region.contains(x, y) else 0
             best = HeldPeak(k.name, x, y, total - mine, mine, names)
     return best

@@ -21,6 +21,7 @@ streaming step sends the stored value again whole), as the fast clock's lanes se
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -58,6 +59,9 @@ class Sent:
     color: int
     tensor: torch.Tensor
     ready: list[list[int]] = field(default_factory=list)  # [block][feature], -1 until known
+    # streaming, a result kept where it was made (``runtime/homes.py``): each row tile's column of
+    # each feature ([tile][feature]) and its rows of each block ([tile][block]); None: at ``east``
+    homes: tuple[list[list[int]], list[list[int]]] | None = None
 
     def __post_init__(self) -> None:
         bounds = lane_bounds(self.features, self.lanes)
@@ -77,6 +81,10 @@ class Sent:
         """The lane (row of the sender's region) feature ``f`` travels on."""
         return bisect.bisect_right(self.bounds, f) - 1
 
+    def rows_in(self, q: int) -> int:
+        """Rows of block ``q``."""
+        return min(self.block, self.rows - q * self.block)
+
     def last(self, f: int) -> int:
         """The last feature of ``f``'s lane: its message carries the lane's end-of-block mark."""
         return self.bounds[self.lane(f) + 1] - 1
@@ -95,6 +103,25 @@ class _Route:
 
     dests: dict[int, dict[int, list[Arrival]]] = field(default_factory=dict)
     marks: dict[int, list[tuple[int, Arrival]]] = field(default_factory=dict)
+
+
+def _joined(route: _Route, n: int) -> _Route:
+    """``route`` for a message sent in ``n`` shares: each reader's callback runs once, when the last
+    share has come, with that cycle."""
+
+    def join(then: Arrival) -> Arrival:
+        seen: list[int] = []
+
+        def note(t: int) -> None:
+            seen.append(t)
+            if len(seen) == n:
+                then(max(seen))
+
+        return note
+
+    dests = {x: {y: [join(t) for t in ts] for y, ts in ys.items()} for x, ys in route.dests.items()}
+    marks = {x: [(dy, join(t)) for dy, t in ms] for x, ms in route.marks.items()}
+    return _Route(dests, marks)
 
 
 class Journeys:
@@ -125,11 +152,31 @@ class Journeys:
         return self._routes.setdefault((v.name, key, q, f), _Route())
 
     def launch(self, v: Sent, key: str, q: int, f: int, start: int) -> None:
-        """Send message ``(q, f)`` of ``v`` on route ``key``, its head leaving the sender at ``start``."""
+        """Send message ``(q, f)`` of ``v`` on route ``key``, its head leaving the sender at ``start``.
+        A value kept where its row tiles made it (``Sent.homes``) goes from each tile with a share of
+        the block, each share on its own PE's ramp; a reader has the message when it has every share."""
         route = self._routes.pop((v.name, key, q, f), None) or _Route()  # read or not, it leaves its lane
-        s, row, e = v.sends[q][f], self.row(v, f), v.east
+        if v.homes is None or key == "host" or not self.streaming:
+            self._send(v, route, f, v.sends[q][f], v.east, start, not self.streaming or key == "host")
+            return
+        px, rows = v.homes
+        shares = [(px[t][f], n) for t, n in enumerate(r[q] for r in rows) if n]
+        whole = v.sends[q][f]
+        if len(shares) > 1:
+            route = _joined(route, len(shares))
+        for i, (x, n) in enumerate(shares):
+            if whole == v.wave[q]:  # a share of the rows: its own wavelets
+                s = math.ceil(whole * n / max(v.rows_in(q), 1))
+            else:  # filtered: the last share carries the lane's end mark, if it has one
+                s = whole if i == len(shares) - 1 else 0
+            self._send(v, route, f, s, x, start, False)
+
+    def _send(self, v: Sent, route: _Route, f: int, s: int, e: int, start: int, east: bool) -> None:
+        """``s`` wavelets of feature ``f``'s message from column ``e`` (-1: the host) along ``route``:
+        ``east`` (pipelined, or to the host) on along the lane, else (streaming) west to column 0 first."""
+        row = self.row(v, f)
         cols = set(route.dests) | set(route.marks)
-        if (not self.streaming or key == "host") and e >= 0:  # pipelined, or to the host: east
+        if east and e >= 0:
             for x in sorted(c for c in cols if c <= e):
                 self._column(v, route, x, row, start + self.hop, s)
             cols = {c for c in cols if c > e}

@@ -66,6 +66,7 @@ from .cost import (
 from .encoding import sparse_arrays
 from .evaluate import bind_inputs, rebuild_outputs
 from .events import Cores, Events, Fabric
+from .homes import stays
 from .host import outputs_in_host
 from .journeys import Journeys, Sent
 from .layout import layout, weight_bytes
@@ -257,7 +258,11 @@ class ReferenceMachine:
         wave = [wavelets(n, k.dtype, self.hw) for n in _sizes(rows_of(k.shape), b)]
         east = k.region.x + k.region.width - 1
         lanes = kernel_lanes(k, f)
-        return Sent(k.name, k.dtype, f, lanes, rows_of(k.shape), b, wave, east, color, self.tensors[k.name])
+        sent = Sent(k.name, k.dtype, f, lanes, rows_of(k.shape), b, wave, east, color, self.tensors[k.name])
+        if stays(self.p, k):  # kept where its row tiles make it (``homes.py``)
+            px = tile_place(k, f)[0]
+            sent.homes = (px.tolist(), tile_rows(torch.tensor(_sizes(sent.rows, b)), len(px)).tolist())
+        return sent
 
     # -- the play ------------------------------------------------------------------------------------
 
@@ -293,7 +298,10 @@ class ReferenceMachine:
     def _flow(self, v: Sent) -> Flow:
         ready = torch.tensor(v.ready, dtype=torch.int64).reshape(v.blocks, v.features).clamp(min=0)
         wave = torch.tensor(v.wave, dtype=torch.int64)
-        return Flow(v.name, v.dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, v.flags)
+        flow = Flow(v.name, v.dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, v.flags)
+        if v.homes is not None:
+            flow.back = v.east - torch.tensor(v.homes[0][-1], dtype=torch.int64)
+        return flow
 
     def _to_host(self, v: Sent) -> None:
         """Every message of output ``v`` goes on past the mesh's east edge to the host, which takes it
@@ -363,6 +371,12 @@ class ReferenceMachine:
         only that many of the block's rows leave from ``x`` (a row tile's share), and ``then(cycle,
         wavelets)`` when their head reaches the edge (``_Edge``: the result is there when every share is)."""
         v, k = run.out, run.k
+        if v.homes is not None:  # it stays where it was made (``homes.py``)
+            if then is None:
+                self._at_edge(run, q, f, t)
+            else:
+                then(t, 0)
+            return
         row = k.region.y + v.lane(f)
         east = k.region.x + k.region.width - 1
         live = v.live is None or v.live[q][f]
@@ -462,7 +476,7 @@ class ReferenceMachine:
             edges = [
                 _Edge(
                     len(parts),
-                    v.wave[q] if v.live is None or v.live[q][f] else 0,
+                    v.wave[q] if v.homes is None and (v.live is None or v.live[q][f]) else 0,
                     partial(self._at_edge, run, q, f),
                 )
                 for f in range(f_all)

@@ -66,7 +66,8 @@ def situation(
         f = flows[value]  # t0 is 0 outside streaming mode, as the clock reads departures
         when = f.waiting()[1] if f.waits(t0) else digest(f.depart(t0) - t0)
         live = None if f.live is None else digest(f.live)
-        parts.append((f.east, f.features, f.lanes, f.rows, f.block, digest(f.wave), when, live))
+        kept = None if f.back is None else digest(f.back)
+        parts.append((f.east, f.features, f.lanes, f.rows, f.block, digest(f.wave), when, live, kept))
     if sent is not None:
         parts.append(digest(sent))
     if own is not None:

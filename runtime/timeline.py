@@ -60,8 +60,9 @@ def lane_sends(wave: torch.Tensor, live: torch.Tensor | None, bounds: torch.Tens
 class Flow:
     """How a value's messages leave its producer: one per feature per block, each lane one at a time.
 
-    ``ready[q, f]`` is when message ``(q, f)`` can leave the producer's edge column; a lane sends its
-    messages first come first served (``depart``), one wavelet per cycle.
+    ``ready[q, f]`` is when message ``(q, f)`` can leave the producer's edge column (for a result that
+    stays where it is made, ``back`` set: when its last share is made, ``runtime/homes.py``); a lane
+    sends its messages first come first served (``depart``), one wavelet per cycle.
 
     **Zeros are filtered at the sender.** ``live[q, f]`` says whether message ``(q, f)`` holds a nonzero
     value (None: every one does). A message whose values are all zero is not sent: no wavelets, no
@@ -80,6 +81,7 @@ class Flow:
     east: int  # the column messages leave from (-1: the host, west of column 0)
     ready: torch.Tensor  # [blocks, features]
     live: torch.Tensor | None = None  # [blocks, features] bool: which messages hold a nonzero
+    back: torch.Tensor | None = None  # [features] streaming: kept this many columns west of ``east``
     _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
 
@@ -193,10 +195,13 @@ class Flow:
     def end(self, streaming: bool, t0: int) -> int:
         """When the kernel whose result this is ends, in either executor: its last message has left
         (pipelined), or is wholly at the region's edge, where it stays until a later step sends it, its
-        lanes passing one wavelet a cycle (streaming). An empty result (a cat's empty cache) sends
-        nothing and ends at the kernel's start ``t0``."""
+        lanes passing one wavelet a cycle (streaming), or, where it stays on the PEs that made it
+        (``back``, ``runtime/homes.py``), when its last share is made. An empty result (a cat's empty
+        cache) sends nothing and ends at the kernel's start ``t0``."""
         if not self.ready.numel():
             return t0
+        if streaming and self.back is not None:
+            return int(self.ready.max())
         if streaming:
             return max(self.done, int((self.ready + self.sends).max()))
         return self.done

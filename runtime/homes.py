@@ -1,0 +1,68 @@
+"""Where a streaming program keeps a result until later steps read it: on the PEs that made it.
+
+In a streaming program each kernel runs alone and a later step sends its inputs again from where
+they wait (``runtime/journeys.py``). A kernel without stored weights (an attention matmul, a norm, a
+softmax, an elementwise op) makes each feature of each block on one PE of each row
+tile (``runtime/tiles.py``), and its result stays there: no share travels to the region's east edge,
+so the lane's eastward links carry only the messages the tiles read. Its step ends when the last
+share is made. A later step's route takes each share from its tile's column, west to column 0
+(``passes/lower/connect.py``'s streaming routes take data from every column of the producer's
+region). A sparse matmul reduces its partial sums toward the east edge and keeps its result there,
+as do a constant and a layout change (``_EAST``); a program output leaves for the host in either
+mode.
+
+Both executors follow this rule; the SRAM model counts each share on its PE (``runtime/held.py``)::
+
+    >>> import torch
+    >>> from sparsefx.runtime.program import Kernel, Region
+    >>> k = Kernel("g", "elementwise", Region(0, 0, 4, 2), ("x",), (8, 4), "float32", attrs={"row_tiles": 2})
+    >>> x, y, nbytes = kept_where(k)  # 2 features a lane, one a column, in 2 tiles of 2 columns
+    >>> x.tolist(), y.tolist()
+    ([0, 1, 0, 1, 2, 3, 2, 3], [0, 0, 1, 1, 0, 0, 1, 1])
+    >>> nbytes.tolist()  # 4 of the 8 rows in each tile, 4 bytes each
+    [16, 16, 16, 16, 16, 16, 16, 16]
+    >>> back(k).tolist()  # columns from the east edge to the last tile's PE of each feature
+    [1, 0, 1, 0]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .blocking import block_sizes
+from .cost import block_rows, features_of, rows_of
+from .memory import itemsize
+from .program import Kernel, ProgramData
+from .tiles import tile_place, tile_rows
+
+__all__ = ["stays", "back", "kept_where"]
+
+_EAST = ("sparse_matmul", "constant", "layout")
+"""Kernels whose result is at the region's east edge: a sparse matmul's sums reduce toward it, a
+constant's value is loaded there, and a layout change gathers its copy there (its tasks are timed as
+reading one input feature each, which understates a head split's or merge's traffic across lanes;
+its result's trip to the edge is part of its cost until that is modelled)."""
+
+
+def stays(program: ProgramData, k: Kernel) -> bool:
+    """Whether ``k``'s result stays on the PEs that made it (module docstring): streaming, a kernel
+    without stored weights (not a layout change), and not a program output."""
+    return program.mode == "streaming" and k.op not in _EAST and k.name not in program.outputs
+
+
+def back(k: Kernel) -> torch.Tensor:
+    """``[features]``: columns from ``k``'s east edge back to the PE of its last row tile that keeps
+    each feature (a later step's messages leave from there)."""
+    px, _, _ = tile_place(k, features_of(k.shape))
+    return k.region.x + k.region.width - 1 - px[-1]
+
+
+def kept_where(k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, y, bytes)``, flat over ``[tiles, features]``: each share's PE and the bytes of every row of
+    it that the PE keeps."""
+    f = features_of(k.shape)
+    px, py, _ = tile_place(k, f)
+    sizes = block_sizes(rows_of(k.shape), block_rows(k))
+    per_tile = tile_rows(sizes, px.shape[0]).sum(dim=1)  # [tiles]: rows each tile keeps
+    nbytes = (per_tile[:, None] * itemsize(k.dtype)).expand_as(px)
+    return px.reshape(-1), py[None, :].expand_as(px).reshape(-1), nbytes.reshape(-1)
