@@ -182,13 +182,26 @@ def _busiest(held: torch.Tensor, own: torch.Tensor, k: Kernel) -> tuple[int, int
 
 
 def crowded(p: ProgramData, own: Mapping[str, torch.Tensor] | None = None) -> list[int]:
-    """Steps (kernel indices) whose own data and the values kept on their PEs overflow a PE's SRAM:
-    the lowering gives them more columns, which spreads their own data. ``own`` as ``_steps``'."""
-    return [
-        i
-        for i, k, held, mine, _ in _steps(p, own)
-        if k.region.pes and int((_in_region(held, k) + mine).max()) > p.hardware.sram_bytes
-    ]
+    """Kernels (indices) to give more columns where a step's own data and the values kept on its PEs
+    overflow a PE's SRAM: the step, which spreads its own data, and the producers of the values kept on
+    its busiest PE, which spreads a result that stays where it is made (``homes.py``) over more row
+    tiles. ``own`` as ``_steps``'."""
+    index = {k.name: i for i, k in enumerate(p.kernels)}
+    out: dict[int, None] = {}
+    for i, k, held, mine, kept in _steps(p, own):
+        if not k.region.pes:
+            continue
+        here = _in_region(held, k) + mine
+        if int(here.max()) <= p.hardware.sram_bytes:
+            continue
+        out[i] = None
+        y, x = divmod(int(torch.argmax(here)), k.region.width)
+        x, y = x + k.region.x, y + k.region.y
+        for v, (cx, cy, _) in kept.items():
+            spreads = p.kernels[index[v]].op not in ("sparse_matmul", "constant")
+            if spreads and bool(((cx == x) & (cy == y)).any()):
+                out[index[v]] = None
+    return sorted(out)
 
 
 def held_overflow(p: ProgramData) -> str | None:

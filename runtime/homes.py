@@ -46,8 +46,13 @@ its result's trip to the edge is part of its cost until that is modelled)."""
 
 def stays(program: ProgramData, k: Kernel) -> bool:
     """Whether ``k``'s result stays on the PEs that made it (module docstring): streaming, a kernel
-    without stored weights (not a layout change), and not a program output."""
-    return program.mode == "streaming" and k.op not in _EAST and k.name not in program.outputs
+    without stored weights (a layout change only in row tiles, which the lowering gives it where its
+    data needs more than one column), and not a program output."""
+    if program.mode != "streaming" or k.name in program.outputs:
+        return False
+    if k.op == "layout":
+        return int(k.attrs.get("row_tiles", 1)) > 1
+    return k.op not in _EAST
 
 
 def back(k: Kernel) -> torch.Tensor:

@@ -60,7 +60,9 @@ def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     """Rows of every operand and of the result each PE holds, of the features it works on: a lane's
     features go one a column (``runtime/tiles.py``), so a PE holds its own, not its lane's. The result
     and each operand the kernel streams row by row take ``rows_in_flight`` rows (a row tile's share);
-    an operand it reads whole (a transpose's input, an attention matmul's keys) every row of it."""
+    an operand it reads whole (a transpose's input, an attention matmul's keys) every row of it, but a
+    layout change keeps of its input only the elements it copies out: its tile's rows of its own
+    features, at most."""
     rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
     tiles = int(kernel.attrs.get("row_tiles", 1))
     share = -(-rif // tiles)
@@ -74,7 +76,11 @@ def _streaming_buffers(program: ProgramData, kernel: Kernel) -> torch.Tensor:
         rows = _rows(value.shape, s)
         held = share if name == kernel.name or rows == mine else rows
         per_pe = _pe_features(features_of(value.shape, s), kernel, cols, tiles)
-        total += per_pe * held * itemsize(value.dtype)
+        nbytes = per_pe * held * itemsize(value.dtype)
+        if kernel.op == "layout" and held == rows and name != kernel.name:
+            out_pe = _pe_features(features_of(kernel.shape, split), kernel, cols, tiles)
+            nbytes = torch.minimum(nbytes, out_pe * -(-mine // tiles) * itemsize(value.dtype))
+        total += nbytes
     return total
 
 

@@ -157,7 +157,7 @@ class PlaceData:
     ``state.program``), and ``plan-blocks`` keeps the one that is faster with its own block plan."""
 
     name: ClassVar[str] = "place-data"
-    attempts: int = 6
+    attempts: int = 10
 
     def __call__(self, state: LoweringState) -> PassResult:
         lanes = state.meta["lanes"]

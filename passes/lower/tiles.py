@@ -23,9 +23,11 @@ from sparsefx.runtime.tiles import tiles_for
 
 __all__ = ["with_tiles", "TILED"]
 
-TILED = ("matmul",)
+TILED = ("matmul", "layout", "elementwise", "softmax", "layer_norm")
 """Kernels the lowering runs in row tiles (a sparse matmul's PEs hold its weights: its own mapping,
-``place_sparse.py``)."""
+``place_sparse.py``). A layout change gets more than one column only where its data needs them (a
+head split of many tokens keeps every row of its input until it has all of them): its tiles then
+split the rows it copies out, and with them its SRAM."""
 
 
 def with_tiles(k: Kernel) -> Kernel:
