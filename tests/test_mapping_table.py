@@ -31,7 +31,8 @@ def test_the_table_has_the_benchmarks_columns_and_a_layers_kernels():
     assert sum(r[1] == "sparse_matmul" for r in rows) == 4  # qkv, attention out, mlp fc and proj
     for r in rows:
         assert len(r) == len(bench.COLUMNS) and r[3]
-        int(r[4].replace(",", "")), int(r[5].replace(",", ""))
+        span, step = int(r[4].replace(",", "")), int(r[6].replace(",", ""))
+        assert step >= span  # a streaming step starts no later than its first task
 
 
 def test_sparse_matmuls_beat_their_dense_baselines_and_attention_runs_in_row_tiles():
