@@ -192,6 +192,14 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
     console.print(table)
 
 
+def markdown_table(intro: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A README's generated text between its markers: ``intro`` (the settings and the command), then
+    the table of ``rows`` under ``columns``."""
+    lines = ["", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines + [""])
+
+
 def add_json_arg(parser: argparse.ArgumentParser) -> None:
     """Add the shared ``--json PATH`` option."""
     parser.add_argument("--json", metavar="PATH", help="also write every figure to this JSON file")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _timing import add_json_arg, environment, print_table, write_between_markers, write_json
+from _timing import add_json_arg, environment, markdown_table, print_table, write_between_markers, write_json
 
 import sparsefx
 from sparsefx.runtime.baseline import dense_program
@@ -91,19 +91,14 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The README's text between the markers: the settings, then the table."""
-    lines = [
-        "",
+    intro = (
         f"GPT-2 small's first layer at {SPARSITY:.0%} (1 x {TOKENS} tokens, {MESH}, streaming, balanced "
         "placement); each kernel's span on the fast clock (first task to end), in the sparse program and in "
         "the dense baseline, and its step in the sparse program (from the previous kernel's end: the wait "
         "for its weights and first inputs included); `.venv/bin/python benchmarks/mapping.py --readme` "
-        "measures it again.",
-        "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
-    return "\n".join(lines + [""])
+        "measures it again."
+    )
+    return markdown_table(intro, COLUMNS, table_rows(rows))
 
 
 def write_readme(rows: list[dict[str, Any]], path: Path = README) -> None:

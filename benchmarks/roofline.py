@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _timing import add_json_arg, console, environment, print_table, write_between_markers, write_json
+from _timing import (
+    add_json_arg,
+    console,
+    environment,
+    markdown_table,
+    print_table,
+    write_between_markers,
+    write_json,
+)
 
 import sparsefx
 from sparsefx.errors import LoweringError
@@ -160,17 +168,12 @@ COLUMNS = [
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The README's text between the markers: the settings, then the table."""
-    lines = [
-        "",
+    intro = (
         f"GPT-2 small (untied, every linear layer at {SPARSITY:.0%}, lm_head included), streaming, balanced "
         "placement, batches of 128-token sequences; `.venv/bin/python benchmarks/roofline.py --readme` "
-        "measures it again.",
-        "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
-    return "\n".join(lines + [""])
+        "measures it again."
+    )
+    return markdown_table(intro, COLUMNS, table_rows(rows))
 
 
 def write_readme(rows: list[dict[str, Any]], path: Path = README) -> None:
