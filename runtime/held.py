@@ -44,7 +44,7 @@ import torch
 
 from .blocking import kernel_lanes
 from .cost import features_of, rows_of
-from .homes import kept_where, stays
+from .homes import EAST, kept_where, stays
 from .memory import itemsize, pe_bytes
 from .program import Kernel, ProgramData, lane_bounds
 
@@ -158,7 +158,7 @@ def held_peak(p: ProgramData) -> HeldPeak | None:
     for _, k, held, own, kept in _steps(p):
         x, y, total = _busiest(held, own, k)
         if best is None or total > best.total:
-            names = tuple(v for v, (cx, cy, _) in kept.items() if bool(((cx == x) & (cy == y)).any()))
+            names = tuple(v for v, where in kept.items() if _keeps(where, x, y))
             mine = int(own[y - k.region.y, x - k.region.x]) if k.region.contains(x, y) else 0
             best = HeldPeak(k.name, x, y, total - mine, mine, names)
     return best
@@ -197,11 +197,16 @@ def crowded(p: ProgramData, own: Mapping[str, torch.Tensor] | None = None) -> li
         out[i] = None
         y, x = divmod(int(torch.argmax(here)), k.region.width)
         x, y = x + k.region.x, y + k.region.y
-        for v, (cx, cy, _) in kept.items():
-            spreads = p.kernels[index[v]].op not in ("sparse_matmul", "constant")
-            if spreads and bool(((cx == x) & (cy == y)).any()):
+        for v, where in kept.items():  # a result kept on its region's east edge does not spread
+            if p.kernels[index[v]].op not in EAST and _keeps(where, x, y):
                 out[index[v]] = None
     return sorted(out)
+
+
+def _keeps(where: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: int, y: int) -> bool:
+    """Whether a kept value's PEs (``_where``) include PE ``(x, y)``."""
+    cx, cy, _ = where
+    return bool(((cx == x) & (cy == y)).any())
 
 
 def held_overflow(p: ProgramData) -> str | None:

@@ -8,7 +8,7 @@ so the lane's eastward links carry only the messages the tiles read. Its step en
 share is made. A later step's route takes each share from its tile's column, west to column 0
 (``passes/lower/connect.py``'s streaming routes take data from every column of the producer's
 region). A sparse matmul reduces its partial sums toward the east edge and keeps its result there,
-as do a constant and a layout change (``_EAST``); a program output leaves for the host in either
+as do a constant and a layout change on one column (``EAST``); a program output leaves for the host in either
 mode.
 
 Both executors follow this rule; the SRAM model counts each share on its PE (``runtime/held.py``)::
@@ -35,13 +35,13 @@ from .memory import itemsize
 from .program import Kernel, ProgramData
 from .tiles import tile_place, tile_rows
 
-__all__ = ["stays", "back", "kept_where"]
+__all__ = ["EAST", "stays", "shares", "back", "kept_where"]
 
-_EAST = ("sparse_matmul", "constant", "layout")
-"""Kernels whose result is at the region's east edge: a sparse matmul's sums reduce toward it, a
-constant's value is loaded there, and a layout change gathers its copy there (its tasks are timed as
-reading one input feature each, which understates a head split's or merge's traffic across lanes;
-its result's trip to the edge is part of its cost until that is modelled)."""
+EAST = ("sparse_matmul", "constant")
+"""Kernels whose result is at the region's east edge: a sparse matmul's sums reduce toward it, and a
+constant's value is loaded there. A layout change on one column gathers its copy there too (its
+tasks are timed as reading one input feature each, which understates a head split's or merge's
+traffic across lanes; its result's trip to the edge is part of its cost until that is modelled)."""
 
 
 def stays(program: ProgramData, k: Kernel) -> bool:
@@ -52,22 +52,27 @@ def stays(program: ProgramData, k: Kernel) -> bool:
         return False
     if k.op == "layout":
         return int(k.attrs.get("row_tiles", 1)) > 1
-    return k.op not in _EAST
+    return k.op not in EAST
+
+
+def shares(k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, y, rows)``: each row tile's column of each feature (``[tiles, features]``), each feature's
+    mesh row (``[features]``) and each tile's rows of each block (``[tiles, blocks]``)."""
+    px, py, _ = tile_place(k, features_of(k.shape))
+    sizes = block_sizes(rows_of(k.shape), block_rows(k))
+    return px, py, tile_rows(sizes, px.shape[0])
 
 
 def back(k: Kernel) -> torch.Tensor:
     """``[features]``: columns from ``k``'s east edge back to the PE of its last row tile that keeps
     each feature (a later step's messages leave from there)."""
-    px, _, _ = tile_place(k, features_of(k.shape))
+    px, _, _ = shares(k)
     return k.region.x + k.region.width - 1 - px[-1]
 
 
 def kept_where(k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, y, bytes)``, flat over ``[tiles, features]``: each share's PE and the bytes of every row of
     it that the PE keeps."""
-    f = features_of(k.shape)
-    px, py, _ = tile_place(k, f)
-    sizes = block_sizes(rows_of(k.shape), block_rows(k))
-    per_tile = tile_rows(sizes, px.shape[0]).sum(dim=1)  # [tiles]: rows each tile keeps
-    nbytes = (per_tile[:, None] * itemsize(k.dtype)).expand_as(px)
+    px, py, rows = shares(k)
+    nbytes = (rows.sum(dim=1)[:, None] * itemsize(k.dtype)).expand_as(px)  # every row a tile keeps
     return px.reshape(-1), py[None, :].expand_as(px).reshape(-1), nbytes.reshape(-1)

@@ -62,6 +62,7 @@ class Sent:
     # streaming, a result kept where it was made (``runtime/homes.py``): each row tile's column of
     # each feature ([tile][feature]) and its rows of each block ([tile][block]); None: at ``east``
     homes: tuple[list[list[int]], list[list[int]]] | None = None
+    back: torch.Tensor | None = None  # with ``homes``: ``homes.back``, the fast clock's ``Flow.back``
 
     def __post_init__(self) -> None:
         bounds = lane_bounds(self.features, self.lanes)

@@ -66,7 +66,8 @@ from .cost import (
 from .encoding import sparse_arrays
 from .evaluate import bind_inputs, rebuild_outputs
 from .events import Cores, Events, Fabric
-from .homes import stays
+from .homes import back, stays
+from .homes import shares as kept_shares
 from .host import outputs_in_host
 from .journeys import Journeys, Sent
 from .layout import layout, weight_bytes
@@ -260,8 +261,8 @@ class ReferenceMachine:
         lanes = kernel_lanes(k, f)
         sent = Sent(k.name, k.dtype, f, lanes, rows_of(k.shape), b, wave, east, color, self.tensors[k.name])
         if stays(self.p, k):  # kept where its row tiles make it (``homes.py``)
-            px = tile_place(k, f)[0]
-            sent.homes = (px.tolist(), tile_rows(torch.tensor(_sizes(sent.rows, b)), len(px)).tolist())
+            px, _, rows = kept_shares(k)
+            sent.homes, sent.back = (px.tolist(), rows.tolist()), back(k)
         return sent
 
     # -- the play ------------------------------------------------------------------------------------
@@ -299,8 +300,7 @@ class ReferenceMachine:
         ready = torch.tensor(v.ready, dtype=torch.int64).reshape(v.blocks, v.features).clamp(min=0)
         wave = torch.tensor(v.wave, dtype=torch.int64)
         flow = Flow(v.name, v.dtype, v.features, v.lanes, v.rows, v.block, wave, v.east, ready, v.flags)
-        if v.homes is not None:
-            flow.back = v.east - torch.tensor(v.homes[0][-1], dtype=torch.int64)
+        flow.back = v.back
         return flow
 
     def _to_host(self, v: Sent) -> None:
