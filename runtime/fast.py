@@ -304,13 +304,10 @@ class FastClock:
     def _departs(self, flow: Flow, shared: torch.Tensor | None) -> torch.Tensor:
         """``[blocks, features]``: when each message of ``flow`` leaves for the kernel being timed:
         ``shared`` where it shares its ramps with other values the kernel reads (``_shared_departs``),
-        else its own lanes' departures (a stored value is sent again from the step's start); a value
-        kept where it was made leaves ``back`` columns west of the east edge (``homes.py``)."""
-        depart = shared if shared is not None else flow.depart(self.t0 if self.streaming else 0)
-        if flow.back is None:
-            return depart
-        # kept west of the east column (``homes.py``): as if sent from there, fewer columns to go
-        return depart - (flow.back * self.hw.hop_cycles)[None, :]
+        else its own lanes' departures (a stored value is sent again from the step's start). A value
+        kept where it was made leaves on its lanes' schedule (``homes.py``): each message
+        passes column 0 when it would have from the east column."""
+        return shared if shared is not None else flow.depart(self.t0 if self.streaming else 0)
 
     def row0(self, value: str) -> int:
         """The mesh row of ``value``'s lane 0: its producer's first row (a program input: row 0)."""

@@ -26,10 +26,10 @@ pipelined program streams its values between kernels that run at once, so it kee
     >>> peak = held_peak(p)
     >>> [k.name for k in p.kernels]  # the first linear, the ReLU, the second linear
     ['masked_linear', '_1', 'masked_linear_1']
-    >>> peak.step, peak.values, peak.held  # the ReLU's result (64 rows x 8 features x 4 bytes a lane)
-    ('masked_linear_1', ('_1',), 2048)
-    >>> peak.own  # what the second linear keeps on that PE while it runs
-    464
+    >>> peak.step, peak.values, peak.held  # the first linear's result (64 rows x 8 features x 4 bytes a lane)
+    ('_1', ('masked_linear',), 2048)
+    >>> peak.own  # what the ReLU, spread over 8 columns, keeps on that PE while it runs
+    128
     >>> peak.total <= p.hardware.sram_bytes
     True
 """

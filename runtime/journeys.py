@@ -155,7 +155,9 @@ class Journeys:
     def launch(self, v: Sent, key: str, q: int, f: int, start: int) -> None:
         """Send message ``(q, f)`` of ``v`` on route ``key``, its head leaving the sender at ``start``.
         A value kept where its row tiles made it (``Sent.homes``) goes from each tile with a share of
-        the block, each share on its own PE's ramp; a reader has the message when it has every share."""
+        the block, each share on its own PE's ramp, on the lane's schedule (``homes.py``:
+        ``start`` is the message's slot from the east column): each share leaves its PE so as to pass
+        column 0 right after the share before it; a reader has the message when it has every share."""
         route = self._routes.pop((v.name, key, q, f), None) or _Route()  # read or not, it leaves its lane
         if v.homes is None or key == "host" or not self.streaming:
             self._send(v, route, f, v.sends[q][f], v.east, start, not self.streaming or key == "host")
@@ -165,12 +167,14 @@ class Journeys:
         whole = v.sends[q][f]
         if len(shares) > 1:
             route = _joined(route, len(shares))
+        ahead = 0  # wavelets of the shares before this one
         for i, (x, n) in enumerate(shares):
             if whole == v.wave[q]:  # a share of the rows: its own wavelets
                 s = math.ceil(whole * n / max(v.rows_in(q), 1))
             else:  # filtered: the last share carries the lane's end mark, if it has one
                 s = whole if i == len(shares) - 1 else 0
-            self._send(v, route, f, s, x, start, False)
+            self._send(v, route, f, s, x, start + (v.east - x) * self.hop + ahead, False)
+            ahead += s
 
     def _send(self, v: Sent, route: _Route, f: int, s: int, e: int, start: int, east: bool) -> None:
         """``s`` wavelets of feature ``f``'s message from column ``e`` (-1: the host) along ``route``:

@@ -347,9 +347,12 @@ class ReferenceMachine:
         if self.streaming:  # stored values go again, from their producers, in this kernel's step
             for name in dict.fromkeys(k.inputs):
                 v = self.values[name]
+                # kept where made: on its lanes' schedule, as the fast clock sends it (``homes.py``)
+                slots = self._flow(v).depart(t0).tolist() if v.homes is not None else None
                 for q in range(v.blocks):  # the whole value again, each lane block by block
                     for f in range(v.features):
-                        self.journeys.launch(v, k.name, q, f, max(v.ready[q][f], t0))
+                        start = max(v.ready[q][f], t0) if slots is None else slots[q][f]
+                        self.journeys.launch(v, k.name, q, f, start)
         if run.left == 0:
             self.ev.at(t0, self._end, run)
 

@@ -27,8 +27,9 @@ from sparsefx.runtime.program import Kernel, ProgramData
 
 from .blocks import plan_blocks
 from .builder import Pending
-from .place import max_width, min_width, regions, work
+from .place import min_width, regions, work
 from .split_streamed import plan_passes
+from .spread import caps as spread_caps
 from .tiles import with_tiles
 from .tune import DRIFTS, Choice, Report, hidden_behind, rowwise, search
 
@@ -70,7 +71,7 @@ def plan_dense(
     dense = [dense_pending(p) for p in pending]
     sized = [_width(p, lanes, sram, mesh, program.mode) for p in dense]
     widths = [w for w, _ in sized]
-    caps = [max(w, max_width(p, lanes, mesh)) for p, w in zip(dense, widths)]
+    caps = spread_caps(dense, widths, lanes, mesh, program.hardware, program.mode)
     try:
         regs = regions(
             widths, [work(p) for p in dense], mesh, lanes, program.mode, caps, [p.name for p in dense]

@@ -35,9 +35,10 @@ from .fuse_layouts import fuse_layouts
 from .host_join import join_on_host
 from .install import install
 from .interpret import walk_graph
-from .place import lanes_for, max_width, min_width, regions, work
+from .place import lanes_for, min_width, regions, work
 from .place_sparse import place_sparse
 from .split_streamed import plan_passes
+from .spread import caps as spread_caps
 from .tiles import with_tiles
 from .tune import tune_sparse
 
@@ -175,7 +176,7 @@ class PlaceData:
         self, state: LoweringState, lanes: int, works: list[float], widths: list[int]
     ) -> tuple[DataflowProgram, list[int]]:
         """The program placed with ``works``' share, each kernel grown until its data fits its SRAM."""
-        caps = [max(w, max_width(p, lanes, state.mesh)) for p, w in zip(state.pending, widths)]
+        caps = spread_caps(state.pending, widths, lanes, state.mesh, state.hardware, state.mode)
         for _ in range(self.attempts):
             names = [p.name for p in state.pending]
             regs = regions(widths, works, state.mesh, lanes, state.mode, caps, names)
