@@ -11,12 +11,14 @@ tiled kernels in a row would send every share on that round trip, which only one
 A spread kernel takes one column a feature of its lane, and more row tiles only while a PE's work
 on an element outlasts the lane's delivery of it: its lane brings every feature of every row, one
 after another, so a PE that holds one feature has that many elements' time for each of its own
-(``_width``: GELU's 48 features a lane on 64 lanes need one tile of 48 columns). A norm waits for
-each block's statistics, reduced over its lanes, before the block ends, so each tile more shortens
-that wait: it takes up to a column a feature. A kernel of more than ``SPREAD_ROWS`` rows stays on
-one column: its result, spread, leaves values beside the sparse matmuls that cut their blocks short
-(GPT-2 small at 90% on 64x64: at 128 and 512 tokens a step spreading saves 7% and 4% of the sparse
-run, at 2,048 it costs 7%). Other kernels keep ``place.max_width``::
+(``_width``: GELU's 48 features a lane on 64 lanes need one tile of 48 columns, a norm's 12 one of
+12). A norm in more tiles ends sooner (each block waits for its statistics' all-reduce, and every
+tile shortens that wait), but each of its messages then leaves as one share a tile, which made the
+reference executor 3.5x slower on gpt-tiny for a few percent of GPT-2 small's cycles. A kernel of
+more than ``SPREAD_ROWS`` rows stays on one column: its result, spread, leaves values beside the
+sparse matmuls that cut their blocks short (GPT-2 small at 90% on 64x64:
+at 128 and 512 tokens a step spreading saved 7% and 4% of the sparse run, with the norm in five
+tiles; at 2,048 it cost 7%). Other kernels keep ``place.max_width``::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
     >>> from .builder import Pending
@@ -24,7 +26,7 @@ run, at 2,048 it costs 7%). Other kernels keep ``place.max_width``::
     >>> gelu = Pending("gelu", "elementwise", ("fc",), (128, 3072), "float32", {})
     >>> add = Pending("add", "elementwise", ("x", "y"), (128, 768), "float32", {})
     >>> caps([ln, gelu, add], [1, 1, 1], 64, MeshSpec(64, 64), HardwareSpec(), "streaming")
-    [64, 48, 1]
+    [12, 48, 1]
     >>> caps([ln, gelu, add], [1, 1, 1], 64, MeshSpec(64, 64), HardwareSpec(), "pipelined")
     [1, 1, 1]
 """
@@ -35,7 +37,6 @@ import math
 
 from sparsefx.runtime.cost import features_of, ops_per_element, rows_of, simd, wavelets
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
-from sparsefx.runtime.op_kinds import op_kind
 from sparsefx.runtime.program import Kernel, Region
 
 from .builder import Pending
@@ -72,8 +73,6 @@ def spreads(pending: list[Pending]) -> list[bool]:
 def _width(p: Pending, lanes: int, mesh: MeshSpec, hw: HardwareSpec) -> int:
     """A spread kernel's columns: its lane's features, times the row tiles that keep its PEs up with
     the lane (module docstring)."""
-    if op_kind(p.op).allreduces_stats:  # a barrier a block: every tile shortens its tail
-        return max(1, min(mesh.width, features_of(p.shape)))
     per_lane = math.ceil(features_of(p.shape) / max(1, min(lanes, features_of(p.shape))))
     k = Kernel(p.name, p.op, Region(0, 0, 1, 1), p.inputs, p.shape, p.dtype, attrs=dict(p.attrs))
     element = ops_per_element(None, k) / simd(p.dtype, hw)  # cycles an element takes its PE
