@@ -38,6 +38,7 @@ import math
 from sparsefx.runtime.cost import features_of, ops_per_element, rows_of, simd, wavelets
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import Kernel, Region
+from sparsefx.runtime.tiles import tile_columns
 
 from .builder import Pending
 from .place import max_width
@@ -73,8 +74,8 @@ def spreads(pending: list[Pending]) -> list[bool]:
 def _width(p: Pending, lanes: int, mesh: MeshSpec, hw: HardwareSpec) -> int:
     """A spread kernel's columns: its lane's features, times the row tiles that keep its PEs up with
     the lane (module docstring)."""
-    per_lane = math.ceil(features_of(p.shape) / max(1, min(lanes, features_of(p.shape))))
-    k = Kernel(p.name, p.op, Region(0, 0, 1, 1), p.inputs, p.shape, p.dtype, attrs=dict(p.attrs))
+    k = Kernel(p.name, p.op, Region(0, 0, mesh.width, lanes), p.inputs, p.shape, p.dtype, attrs=dict(p.attrs))
+    per_lane = tile_columns(k, features_of(p.shape))  # its widest lane's features, one a column
     element = ops_per_element(None, k) / simd(p.dtype, hw)  # cycles an element takes its PE
     delivery = per_lane * wavelets(1, p.dtype, hw)  # cycles the lane takes to bring each of them
     return max(1, min(mesh.width, per_lane * math.ceil(element / delivery)))
