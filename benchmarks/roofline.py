@@ -15,7 +15,10 @@ prints, beside each figure's ideal:
   loads are serial, so near 1 the weight stream binds however the kernels are mapped.
 
 A batch whose values a streaming program cannot keep in SRAM between steps does not lower (each value
-a later step reads waits on its producer's east column, ``runtime/held.py``): its row says so.
+a later step reads waits on its producer's east column, ``runtime/held.py``): its row says so. A batch
+that lowers with the lowering's warning that kept values overflow a PE (``held.held_peak``: the step,
+the PE and the values) is measured, but its figures assume SRAM the mesh does not have: the last column
+names the PE, the bytes it would need and the value kept there.
 
 Nothing here is timed on the host: every figure is the emulator's cycles, so one run per case suffices.
 ``--readme`` rewrites the README's table between its markers; ``--from-json`` reuses a run::
@@ -31,6 +34,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,7 @@ from _timing import (
 import sparsefx
 from sparsefx.errors import LoweringError
 from sparsefx.runtime.cost import load_cycles
+from sparsefx.runtime.held import held_peak
 from sparsefx.runtime.layout import weight_bytes
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -85,7 +90,9 @@ def measure(mesh: str, batch: int, layers: int, vocab: int) -> dict[str, Any]:
             status.update(f"lowering {what}: timing {name} ({done + 1}/{total})")
 
         try:
-            program = sparsefx.lower(sm, (ids,), mesh=mesh, mode="streaming", on_kernel=on_kernel)
+            with warnings.catch_warnings():  # an overflow is the table's last column, not a warning
+                warnings.filterwarnings("ignore", "sparsefx.lower: streaming step")
+                program = sparsefx.lower(sm, (ids,), mesh=mesh, mode="streaming", on_kernel=on_kernel)
         except LoweringError as e:  # a row of the table too: where the mesh stops taking the model
             console.print(f"  {what}: does not lower: {e}")
             return {"mesh": mesh, "batch": batch, "tokens": batch * TOKENS, "error": _short(str(e))}
@@ -120,12 +127,27 @@ def measure(mesh: str, batch: int, layers: int, vocab: int) -> dict[str, Any]:
         "cycles": d.sparse_cycles,
         "dense_cycles": d.dense_cycles,
         "lower_s": lowered,
+        "overflow": _overflow(program),
     }
     console.print(
         f"  {what}: linear {row['linear']:.2f}x, whole {row['whole']:.2f}x "
         f"(lowered in {lowered:.0f} s, {time.perf_counter() - t0:.0f} s in all)"
     )
     return row
+
+
+def _overflow(program: sparsefx.DataflowProgram) -> str | None:
+    """Where kept values and a step's own data overflow a PE's SRAM (``held.held_peak``), in a few
+    words; None where every step fits."""
+    if not program.meta.get("kept_overflow"):
+        return None
+    peak = held_peak(program)
+    assert peak is not None
+    kept = ", ".join(peak.values[:2]) + (f" and {len(peak.values) - 2} more" if len(peak.values) > 2 else "")
+    return (
+        f"no: {peak.total / 1024:.0f} KB on PE ({peak.x}, {peak.y}) in step {peak.step} ({kept} kept), "
+        f"{program.hardware.sram_bytes / 1024:.0f} KB a PE"
+    )
 
 
 def _short(why: str) -> str:
@@ -146,14 +168,15 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     for r in rows:
         tokens = f"{r['batch']} x {TOKENS} = {r['tokens']:,}"
         if "error" in r:
-            out.append([r["mesh"], tokens, f"does not lower: {r['error']}", "-", "-"])
+            out.append([r["mesh"], tokens, f"does not lower: {r['error']}", "-", "-", "-"])
             continue
         binds = f"{r['linear_binds']} {r['linear_binds_share']:.0%}"
         linear = f"{_x(r['linear'])} of {r['linear_ideal']:.0f}x ({binds})"
         whole = (
             f"{_x(r['whole'])} of {r['whole_ideal']:.2f}x ({r['whole_binds']} {r['whole_binds_share']:.0%})"
         )
-        out.append([r["mesh"], tokens, linear, whole, f"{r['load_share']:.2f}"])
+        fits = r.get("overflow") or "yes"
+        out.append([r["mesh"], tokens, linear, whole, f"{r['load_share']:.2f}", fits])
     return out
 
 
@@ -163,6 +186,7 @@ COLUMNS = [
     "linear layers: realized of ideal (largest part of their cycles)",
     "whole model: realized of FLOP ratio (largest part)",
     "weight-load channel busy",
+    "fits SRAM",
 ]
 
 

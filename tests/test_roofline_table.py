@@ -1,17 +1,25 @@
 """The README's token-roofline table is the one ``benchmarks/roofline.py`` writes: one row per mesh and
 batch it measures, in order, each either the lowering's refusal or figures that parse and stay within
-their ideals. No model runs here."""
+their ideals, with whether the program fits SRAM. Only the overflow column's own test lowers a model."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+import torch
+
+import sparsefx
 from conftest import benchmark_module
+from sparsefx.runtime.held import held_peak
+from sparsefx.runtime.mesh import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 FIGURE = re.compile(r"^(\d+\.\d+)x of (\d+(?:\.\d+)?)x \((.+) (\d+)%\)$")
+OVERFLOW = re.compile(r"^no: \d+ KB on PE \(\d+, \d+\) in step \S+ \(.+ kept\), \d+ KB a PE$")
 
 
 bench = benchmark_module("roofline")
@@ -40,7 +48,7 @@ def test_every_figure_parses_and_stays_within_its_ideal():
     for row in bench.table_in(README):
         assert len(row) == len(bench.COLUMNS), row
         if row[2].startswith("does not lower: "):
-            assert row[3:] == ["-", "-"], row
+            assert row[3:] == ["-", "-", "-"], row
             continue
         lowered += 1
         for cell, named in ((row[2], parts - {"dense ops"}), (row[3], parts)):
@@ -49,4 +57,22 @@ def test_every_figure_parses_and_stays_within_its_ideal():
             realized, ideal, part, share = float(m.group(1)), float(m.group(2)), m.group(3), int(m.group(4))
             assert 0 < realized <= ideal and part in named and 0 < share <= 100, row
         assert 0 <= float(row[4]) <= 1, row
+        assert row[5] == "yes" or OVERFLOW.match(row[5]), row
     assert lowered >= 2
+
+
+def test_a_program_whose_kept_values_overflow_is_named_in_the_last_column():
+    """An 8 KB-a-PE machine and 512 rows: the lowering warns, and the row names the step, the PE and the
+    value kept there; with 32 rows every step fits."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    sm = sparsefx.compile(model, 0.9, (torch.randn(4, 32),))
+    small = dataclasses.replace(hardware(), sram_bytes=8192)
+    with pytest.warns(UserWarning, match="for later steps"):
+        over = sparsefx.lower(sm, (torch.randn(512, 32),), mesh=(8, 8), mode="streaming", hardware=small)
+    peak = held_peak(over)
+    said = bench._overflow(over)
+    assert said is not None and OVERFLOW.match(said), said
+    assert f"PE ({peak.x}, {peak.y}) in step {peak.step} ({peak.values[0]}" in said and "8 KB a PE" in said
+    fits = sparsefx.lower(sm, (torch.randn(32, 32),), mesh=(8, 8), mode="streaming", hardware=small)
+    assert bench._overflow(fits) is None
