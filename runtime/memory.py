@@ -24,6 +24,7 @@ import math
 import torch
 
 from .encoding import row_index_dtype
+from .memo import kept_for
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
 from .tiles import tile_columns
 
@@ -111,6 +112,13 @@ def _resident(program: ProgramData, kernel: Kernel) -> torch.Tensor:
 
 
 def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
+    fixed, per_row = kept_for(program, kernel, ("sram parts",), lambda: _sparse_parts(program, kernel))
+    return fixed + int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT)) * per_row
+
+
+def _sparse_parts(program: ProgramData, kernel: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sparse matmul's bytes a PE: what its nonzeros, pointers and bias take, and what each row in
+    flight adds (its outputs' accumulators and its inputs' values); the tuner asks at every block size."""
     if "pe_nnz" in kernel.arrays:  # packed: decoded as it arrives, held as CSC (``encoding.py``)
         nnz = program.array(kernel, "pe_nnz").to(torch.int64)
     else:
@@ -128,14 +136,12 @@ def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     else:  # packed: the decoded row indices, by placement's rule
         index_bytes = row_index_dtype(out_span).itemsize
     ptr_bytes = torch.where(nnz < 2**15, 2, 4)  # local column offsets: 16-bit where they fit
-    rif = int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT))
-    total = nnz * (value_bytes + index_bytes) + (in_widths + 1) * ptr_bytes
-    total += out_span * rif * ACC_BYTES + in_widths * rif * value_bytes
+    fixed = nnz * (value_bytes + index_bytes) + (in_widths + 1) * ptr_bytes
     if "bias" in kernel.arrays:  # the east column adds the bias of its row's output lanes
         out_widths = _lane_widths(int(kernel.attrs["out_features"]), kernel)
         east = torch.arange(kernel.region.height) * width + width - 1
-        total[east] += out_widths * value_bytes
-    return total
+        fixed[east] += out_widths * value_bytes
+    return fixed, out_span * ACC_BYTES + in_widths * value_bytes
 
 
 def pe_bytes(program: ProgramData, kernel: Kernel) -> torch.Tensor:

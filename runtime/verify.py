@@ -557,12 +557,17 @@ def _check_batch(p: ProgramData, table: _Table, batch: list[int]) -> torch.Tenso
     _check_hops(p, route[ends], pe[ends], tx[ends], rx[order], skey, table.to_host)
     per = torch.zeros(len(routes), dtype=torch.int64).index_add_(0, local, lengths)  # entries per route
     bounds = torch.cumsum(per, 0)
-    start = 0
+    ramp = int(Dir.RAMP)
+    sources = ((rx & ramp) != 0).nonzero().squeeze(1)  # entries, ascending: each route's in a run
+    sinks = ((tx & ramp) != 0).nonzero().squeeze(1)
+    source_ends = torch.searchsorted(sources, bounds).tolist()
+    sink_ends = torch.searchsorted(sinks, bounds).tolist()
+    s0 = k0 = 0
     for i, g in enumerate(routes.tolist()):
-        end = int(bounds[i])
         r = p.routes[g]
-        _check_ends(p, r, _owner(r), pe[start:end], rx[start:end], tx[start:end])
-        start = end
+        s1, k1 = source_ends[i], sink_ends[i]
+        _check_ends(p, r, _owner(r), pe[sources[s0:s1]], pe[sinks[k0:k1]])
+        s0, k0 = s1, k1
     steps = torch.tensor([p.routes[g].step for g in routes.tolist()], dtype=torch.int64)
     colors = torch.tensor([p.routes[g].color for g in routes.tolist()], dtype=torch.int64)
     at_route = torch.repeat_interleave(torch.arange(len(routes)), per)
@@ -604,12 +609,11 @@ def _check_hops(
             )
 
 
-def _check_ends(
-    p: ProgramData, route: Route, owner: str, pe: torch.Tensor, rx: torch.Tensor, tx: torch.Tensor
-) -> None:
+def _check_ends(p: ProgramData, route: Route, owner: str, sources: torch.Tensor, sinks: torch.Tensor) -> None:
+    """The route takes data from its producer's region (its first and last source PE) and reaches each
+    destination's region; ``sources`` and ``sinks``: its PEs whose router takes from, and gives to, the
+    core, in order."""
     width = p.mesh.width
-    ramp = int(Dir.RAMP)
-    sources = pe[(rx & ramp) != 0]
     if route.src != "host":
         region = p.kernel(route.src).region if route.kind == "value" else None
         if region is not None:
@@ -620,12 +624,11 @@ def _check_ends(
                         f"route {route.name!r} takes data from the core of PE "
                         f"({s % width}, {s // width}), outside {route.src!r}'s region {region}",
                     )
-    sinks = pe[(tx & ramp) != 0]
+    sx, sy = sinks % width, sinks // width
     for d in route.dsts:
         if d == "host":
             continue
         r = p.kernel(d).region
-        sx, sy = sinks % width, sinks // width
         hit = (sx >= r.x) & (sx < r.x + r.width) & (sy >= r.y) & (sy < r.y + r.height)
         if not bool(hit.any()):
             raise _fail(d, f"route {route.name!r} of {route.value!r} never reaches its region {r}")

@@ -37,11 +37,6 @@ def _cuts(total: torch.Tensor | int, parts: int) -> torch.Tensor:
     return torch.arange(parts + 1, dtype=torch.int64) * int(total) // parts
 
 
-def _run_of(pos: torch.Tensor, count: torch.Tensor, parts: int) -> torch.Tensor:
-    """Which of ``parts`` equal runs (``_cuts(count, parts)``) position ``pos`` of ``count`` falls in."""
-    return ((pos + 1) * parts + count - 1) // count.clamp(min=1) - 1
-
-
 def place_balanced(
     weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, drift: int | None = None
 ) -> dict[str, torch.Tensor]:
@@ -94,10 +89,11 @@ def _by_column(mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tens
     in_features = mask.shape[1]
     flat = mask.reshape(-1).nonzero().squeeze(1)  # by output, then input
     nnz = len(flat)
-    column = _run_of(torch.arange(nnz), torch.tensor(nnz), width)
+    column = torch.repeat_interleave(torch.arange(width), _cuts(nnz, width).diff(), output_size=nnz)
     # Within each column, by input then output: a stable sort keeps the output order of one input.
-    key, order = torch.sort(column * in_features + flat % in_features, stable=True)
-    got = (flat[order], column[order], key)
+    keys = _small(column * in_features + flat % in_features, width * in_features)
+    key, order = torch.sort(keys, stable=True)
+    got = (flat[order], column[order], key.to(torch.int64))
     _LAST[:] = [weakref.ref(mask), mask._version, width, got]
     return got
 
