@@ -76,3 +76,22 @@ def test_a_program_whose_kept_values_overflow_is_named_in_the_last_column():
     assert f"PE ({peak.x}, {peak.y}) in step {peak.step} ({peak.values[0]}" in said and "8 KB a PE" in said
     fits = sparsefx.lower(sm, (torch.randn(32, 32),), mesh=(8, 8), mode="streaming", hardware=small)
     assert bench._overflow(fits) is None
+
+
+def test_the_prose_under_the_table_quotes_its_64x64_figures():
+    """The paragraph after the table cites the 64x64 rows that lower: speedups, load shares, dense-op
+    shares and the kept bytes of the rows that overflow, as the table has them."""
+    after = " ".join(README.split(bench.END, 1)[1].split("\n## ", 1)[0].split())
+    rows = [r for r in bench.table_in(README) if r[0] == "64x64" and not r[2].startswith("does not lower")]
+    assert len(rows) >= 2
+
+    def listed(cells: list[str]) -> str:
+        return ", ".join(cells)
+
+    assert f"({listed([r[2].split(' of ')[0] for r in rows])} on 64x64)" in after
+    assert f"({listed([r[3].split(' of ')[0] for r in rows])})" in after
+    assert f"({listed([r[4] for r in rows])})" in after
+    dense = [re.search(r"dense ops (\d+%)", r[3]).group(1) for r in rows]
+    assert f"({listed(dense)} of the sparse run)" in after
+    kept = [re.match(r"no: (\d+ KB)", r[5]).group(1) for r in rows if r[5] != "yes"]
+    assert not kept or f"({' and '.join(kept)} against a PE's 48 KB)" in after
