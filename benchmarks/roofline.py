@@ -214,7 +214,7 @@ def table_in(text: str) -> list[list[str]]:
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
     """Realized speedup against tokens a step, a colour per mesh, with the ideals; a case that does not
-    lower is a cross on the axis."""
+    lower is a cross on the axis, and one whose kept values overflow SRAM is ringed in red."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,6 +227,17 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         tokens = [r["tokens"] for r in mine]
         ax.plot(tokens, [r["linear"] for r in mine], "o-", color=color, label=f"linear layers, {mesh}")
         ax.plot(tokens, [r["whole"] for r in mine], "s--", color=color, label=f"whole model, {mesh}")
+        over = [r for r in mine if r.get("overflow")]
+        if over:  # figures that assume SRAM the mesh lacks: ringed
+            ax.plot(
+                [r["tokens"] for r in over for _ in (0, 1)],
+                [v for r in over for v in (r["linear"], r["whole"])],
+                "o",
+                mfc="none",
+                mec="tab:red",
+                ms=13,
+                label=f"overflows SRAM, {mesh}",
+            )
         failed = [r["tokens"] for r in rows if r["mesh"] == mesh and "error" in r]
         if failed:
             nudge = 0.9 + 0.2 * i / max(len(meshes) - 1, 1)  # side by side where several fail
