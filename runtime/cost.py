@@ -66,6 +66,7 @@ __all__ = [
     "block_rows",
     "rows_of",
     "features_of",
+    "element_ops",
     "ops_per_element",
     "row_streaming",
 ]
@@ -200,14 +201,28 @@ def row_streaming(program: ProgramData, kernel: Kernel, value: str) -> bool:
     return rows_of(shape) == rows_of(kernel.shape)
 
 
-def ops_per_element(program: ProgramData, kernel: Kernel) -> int:
-    """SIMD operations per result element: the kind's ``element_ops``, a matmul's contraction, a pool's
-    window."""
-    ops = op_kind(kernel.op).element_ops
+def element_ops(kernel: Kernel) -> int:
+    """SIMD operations per result element that the kernel alone determines: the kind's ``element_ops``,
+    4 for a transcendental function, 2 for a batch norm (``ops_per_element`` adds what the inputs'
+    shapes decide).
+
+    >>> from sparsefx.runtime.program import Region
+    >>> element_ops(Kernel("act", "elementwise", Region(0, 0, 1, 1), ("x",), (8, 4), "float32",
+    ...                    attrs={"fn": "gelu"}))
+    4
+    """
     if kernel.op == "elementwise" and kernel.attrs.get("fn") in TRANSCENDENTAL:
         return 4
     if kernel.op == "elementwise" and kernel.attrs.get("fn") == "batch_norm":
         return 2
+    return op_kind(kernel.op).element_ops
+
+
+def ops_per_element(program: ProgramData, kernel: Kernel) -> int:
+    """SIMD operations per result element: ``element_ops``, a matmul's contraction, a pool's window."""
+    ops = element_ops(kernel)
+    if kernel.op == "elementwise":
+        return ops
     if kernel.op == "matmul" and kernel.inputs:
         a = program.value(kernel.inputs[0]).shape
         return max(1, a[-1] if a else 1)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-from sparsefx.runtime.cost import features_of, ops_per_element, rows_of, simd, wavelets
+from sparsefx.runtime.cost import element_ops, features_of, rows_of, simd, wavelets
 from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
 from sparsefx.runtime.program import Kernel, Region
 from sparsefx.runtime.tiles import tile_columns
@@ -76,7 +76,7 @@ def _width(p: Pending, lanes: int, mesh: MeshSpec, hw: HardwareSpec) -> int:
     the lane (module docstring)."""
     k = Kernel(p.name, p.op, Region(0, 0, mesh.width, lanes), p.inputs, p.shape, p.dtype, attrs=dict(p.attrs))
     per_lane = tile_columns(k, features_of(p.shape))  # its widest lane's features, one a column
-    element = ops_per_element(None, k) / simd(p.dtype, hw)  # cycles an element takes its PE
+    element = element_ops(k) / simd(p.dtype, hw)  # cycles an element takes its PE
     delivery = per_lane * wavelets(1, p.dtype, hw)  # cycles the lane takes to bring each of them
     return max(1, min(mesh.width, per_lane * math.ceil(element / delivery)))
 
