@@ -45,18 +45,20 @@ def place_balanced(
     out_features, in_features = weight.shape
     pes = width * height
     flat, column, key = _by_column(mask, width)
-    row = _rows(key, column, width, height, in_features, drift)
-    pe = row * width + column
-    del row, column
-    # PE order (row-major in the region); within a PE the nonzeros stay by input, then output.
-    csc = torch.sort(_small(pe, pes), stable=True).indices
-    pe, flat = pe[csc], flat[csc]
-    del csc
-    i, j = flat // in_features, flat % in_features
-    per_pe = torch.bincount(pe, minlength=pes)
+    # PE (c, r) holds the run [bounds[c, r], bounds[c, r + 1]) of column c's nonzeros: taken in PE order
+    # (row-major in the region), each PE's stay by input, then output.
+    bounds = _bounds(key, column, width, height, in_features, drift)
+    first = bounds[:, :-1].t().reshape(-1)
+    per_pe = (bounds[:, 1:] - bounds[:, :-1]).t().reshape(-1)
     nz_ptr = torch.zeros(pes + 1, dtype=torch.int64)
     torch.cumsum(per_pe, 0, out=nz_ptr[1:])
-    in_lo, in_hi = _ranges(j, pe, per_pe)
+    nnz = int(nz_ptr[-1])
+    pe = torch.repeat_interleave(torch.arange(pes), per_pe, output_size=nnz)
+    flat = flat[torch.repeat_interleave(first - nz_ptr[:-1], per_pe, output_size=nnz) + torch.arange(nnz)]
+    i, j = flat // in_features, flat % in_features
+    full = per_pe > 0  # a PE's inputs ascend: its first and last nonzero's are its range
+    in_lo = torch.where(full, j[nz_ptr[:-1].clamp(max=max(nnz - 1, 0))] if nnz else 0, 0)
+    in_hi = torch.where(full, j[(nz_ptr[1:] - 1).clamp(min=0)] + 1 if nnz else 0, 0)
     out_lo, out_hi = _ranges(i, pe, per_pe)
     spans = in_hi - in_lo
     col_ptr_off = torch.zeros(pes + 1, dtype=torch.int64)
@@ -98,17 +100,18 @@ def _by_column(mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tens
     return got
 
 
-def _rows(
+def _bounds(
     key: torch.Tensor, column: torch.Tensor, width: int, height: int, in_features: int, drift: int | None
 ) -> torch.Tensor:
-    """The region row of each nonzero, given in (column, input) order with ``key = column * in + input``.
+    """``[width, height + 1]``: where each region row's run of each column starts (and the last ends),
+    as positions in the nonzeros given in (column, input) order with ``key = column * in + input``.
 
     Each column's run is cut into ``height`` equal runs; with ``drift``, row by row, each cut evens out
     what is left of the column but stays within ``drift`` input features of its lane's boundary.
     """
-    nnz = len(key)
     per_column = torch.bincount(column, minlength=width)
     column_start = torch.cumsum(per_column, 0) - per_column
+    end = column_start + per_column
     r = torch.arange(1, height)
     if drift is None:
         cut = column_start[:, None] + r[None, :] * per_column[:, None] // height  # [width, height - 1]
@@ -118,21 +121,12 @@ def _rows(
         lo = torch.searchsorted(key, (base + (lane - drift).clamp(min=0)[None, :]).reshape(-1))
         hi = torch.searchsorted(key, (base + (lane + drift)[None, :]).reshape(-1))
         lo, hi = lo.view(width, -1), hi.view(width, -1)
-        end = column_start + per_column
         cut = torch.empty((width, height - 1), dtype=torch.int64)
         prev = column_start
         for k in range(height - 1):
             want = prev + (end - prev) // (height - k)
             prev = cut[:, k] = torch.maximum(torch.minimum(torch.maximum(want, lo[:, k]), hi[:, k]), prev)
-    # Row of a nonzero: the cuts of its column at or before it; column c's slots are shifted by c so
-    # that a cut at its end does not land on the next column's first nonzero.
-    bump = torch.zeros(nnz + width + 1, dtype=torch.int64)
-    slots = (cut + torch.arange(width)[:, None]).reshape(-1)
-    bump.index_add_(0, slots, torch.ones_like(slots))
-    total = torch.cumsum(bump, 0)
-    before = total[column_start + torch.arange(width)] - bump[column_start + torch.arange(width)]
-    at = torch.arange(nnz) + column
-    return total[at] - before[column]
+    return torch.cat([column_start[:, None], cut, end[:, None]], 1)
 
 
 def _small(key: torch.Tensor, bound: int) -> torch.Tensor:
