@@ -161,11 +161,11 @@ def test_a_lowered_program_stores_its_weights_packed_and_reports_bytes_per_nonze
 
 @pytest.fixture(scope="module")
 def gpt_short() -> tuple:
-    """gpt-tiny on 16 tokens and a 16x16 mesh: small enough for the reference executor."""
+    """gpt-tiny on 8 tokens and an 8x8 mesh: small enough for the reference executor."""
     torch.manual_seed(0)
-    spec = build_model("gpt-tiny", input_shape=(1, 16))
+    spec = build_model("gpt-tiny", input_shape=(1, 8))
     sm = sparsefx.compile(spec.model, 0.9, spec.args)
-    return sm, spec.args, sparsefx.lower(sm, spec.args, mesh=(16, 16), mode="streaming")
+    return sm, spec.args, sparsefx.lower(sm, spec.args, mesh=(8, 8), mode="streaming")
 
 
 @pytest.mark.parametrize("executor, lowered", [("fast", "gpt_tiny"), ("reference", "gpt_short")])
