@@ -221,8 +221,6 @@ def element_ops(kernel: Kernel) -> int:
 def ops_per_element(program: ProgramData, kernel: Kernel) -> int:
     """SIMD operations per result element: ``element_ops``, a matmul's contraction, a pool's window."""
     ops = element_ops(kernel)
-    if kernel.op == "elementwise":
-        return ops
     if kernel.op == "matmul" and kernel.inputs:
         a = program.value(kernel.inputs[0]).shape
         return max(1, a[-1] if a else 1)

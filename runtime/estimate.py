@@ -76,7 +76,7 @@ def busiest_pe(program: ProgramData, k: Kernel, s: Layout, b: int) -> int:
     columns, nonzeros = _per_pe(k, s)
     sizes, counts = torch.unique(block_sizes(max(rows_of(k.shape), 1), b), return_counts=True)
     hw = program.hardware
-    blocks = [(n, m) for n, m in zip(sizes.tolist(), counts.tolist())]  # every block: m of n rows
+    blocks = list(zip(sizes.tolist(), counts.tolist()))  # every block: m of n rows
     starts = sum(m for _, m in blocks) * hw.task_start_cycles
     axpys = sum(m * axpy_cycles(n, k.dtype, hw) for n, m in blocks)
     merges = sum(m * partial_add_cycles(n, k.dtype, hw) for n, m in blocks)

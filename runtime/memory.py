@@ -112,7 +112,8 @@ def _resident(program: ProgramData, kernel: Kernel) -> torch.Tensor:
 
 
 def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
-    fixed, per_row = kept_for(program, kernel, ("sram parts",), lambda: _sparse_parts(program, kernel))
+    key = ("sram parts", "bias" in kernel.arrays)  # kept_for keys the arrays but the bias
+    fixed, per_row = kept_for(program, kernel, key, lambda: _sparse_parts(program, kernel))
     return fixed + int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT)) * per_row
 
 
