@@ -35,14 +35,14 @@ ERRORS = {
     "missing-file": ["validate", "{tmp}/missing.yaml", "--model", "mlp"],
 }
 
-COMMANDS = {
+COMMANDS = {  # in fresh processes; the error cases but one, and the JSON form, run in this one
     "validate-float": ["validate", "0.9", "--model", "mlp"],
     "validate-yaml": ["--log-level", "DEBUG", "validate", "{tmp}/patterns.yaml", "--model", "mlp"],
     "inspect-table": ["inspect", "--model", "mlp", "--config", "0.9", "--graph"],
-    "inspect-json": ["inspect", "--model", "mlp", "--config", "0.9", "--format", "json"],
     "demo": ["demo", "--steps", "5"],
-    **{f"error-{name}": argv for name, argv in ERRORS.items()},
+    "error-bad-level": ERRORS["bad-level"],
 }
+INSPECT_JSON = ["inspect", "--model", "mlp", "--config", "0.9", "--format", "json"]
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +131,9 @@ def test_inspect_table(results: dict) -> None:
     assert "█" in out or "#" in out  # per-layer sparsity bars
 
 
-def test_inspect_json_matches_flops_in_process(results: dict) -> None:
-    data = json.loads(_ok(results["inspect-json"]))
+def test_inspect_json_matches_flops_in_process(capsys) -> None:
+    assert cli.main(INSPECT_JSON) == 0
+    data = json.loads(capsys.readouterr().out)
     spec = build_model("mlp")
     report = sparsefx.flops(spec.model, spec.args, config=0.9)
     fields = (
@@ -155,23 +156,37 @@ def test_inspect_json_matches_flops_in_process(results: dict) -> None:
     assert data["symbols"] == {"batch": 8}
 
 
+def _error(name: str, config_dir: Path, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """``ERRORS[name]`` in this process: the exit code, stdout and stderr."""
+    code = cli.main(_argv(ERRORS[name], config_dir))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_an_error_in_a_fresh_process_is_one_line_and_exit_2(results: dict, config_dir: Path, capsys) -> None:
+    result = results["error-bad-level"]  # as a user's shell sees it: nothing else on stderr
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.strip().splitlines() == [_error("bad-level", config_dir, capsys)[2].strip()]
+
+
 @pytest.mark.parametrize("name", sorted(ERRORS))
-def test_error_is_one_line_and_exit_2(results: dict, name: str) -> None:
-    result = results[f"error-{name}"]
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
+def test_error_is_one_line_and_exit_2(config_dir: Path, name: str, capsys) -> None:
+    code, out, err = _error(name, config_dir, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert lines[0].startswith("sparsefx: error: ")
-    assert "Traceback" not in result.stderr
-    assert result.stdout == ""
+    assert "Traceback" not in err
+    assert out == ""
 
 
 @pytest.mark.parametrize("name", sorted(ERRORS))
-def test_debug_shows_traceback(results: dict, config_dir: Path, name: str, capsys) -> None:
+def test_debug_shows_traceback(config_dir: Path, name: str, capsys) -> None:
+    plain = _error(name, config_dir, capsys)[2]
     assert cli.main(["--debug", *_argv(ERRORS[name], config_dir)]) == 2
     captured = capsys.readouterr()
     assert "Traceback" in captured.err
-    assert captured.err.strip().splitlines()[-1] == results[f"error-{name}"].stderr.strip()
+    assert captured.err.strip().splitlines()[-1] == plain.strip()
     assert cli.main([*_argv(ERRORS[name], config_dir), "--debug"]) == 2  # after the subcommand too
     assert "Traceback" in capsys.readouterr().err
 
@@ -183,8 +198,8 @@ def test_bad_command_line_is_one_line(capsys) -> None:
         assert err.count("\n") == 1 and err.startswith("sparsefx: error: "), err
 
 
-def test_error_messages_name_the_problem(results: dict) -> None:
-    messages = {name: results[f"error-{name}"].stderr for name in ERRORS}
+def test_error_messages_name_the_problem(config_dir: Path, capsys) -> None:
+    messages = {name: _error(name, config_dir, capsys)[2] for name in ERRORS}
     assert "1.5 is not in [0, 1)" in messages["bad-level"]
     assert "no-such-model" in messages["unknown-model"] and "gpt-tiny" in messages["unknown-model"]
     assert "rigll" in messages["unknown-algorithm"] and "rigl" in messages["unknown-algorithm"]
