@@ -261,8 +261,8 @@ class ReferenceMachine:
         lanes = kernel_lanes(k, f)
         sent = Sent(k.name, k.dtype, f, lanes, rows_of(k.shape), b, wave, east, color, self.tensors[k.name])
         if stays(self.p, k):  # kept where its row tiles make it (``homes.py``)
-            px, _, rows = kept_shares(k)
-            sent.homes, sent.back = (px.tolist(), rows.tolist()), back(k)
+            px, _, rows = kept_shares(self.p, k)
+            sent.homes, sent.back = (px.tolist(), rows.tolist()), back(self.p, k)
         return sent
 
     # -- the play ------------------------------------------------------------------------------------
