@@ -450,7 +450,8 @@ class FastClock:
         return per_block(lambda n: wavelets(n, dtype, self.hw), sizes)
 
     def _out_flow(self, k: Kernel, ready: torch.Tensor, b: int, wave: torch.Tensor) -> Flow:
-        """The result's flow: ``ready[q, f]`` when each message reaches the region's east edge."""
+        """The result's flow: ``ready[q, f]`` when each message reaches the region's east edge, or,
+        where it stays where it is made (``homes.py``), when its last share is made."""
         f = features_of(k.shape)
         east = k.region.x + k.region.width - 1
         flow = Flow(k.name, k.dtype, f, kernel_lanes(k, f), rows_of(k.shape), b, wave, east, ready)
@@ -529,6 +530,8 @@ class FastClock:
         # a block in which no PE ran a task has only zero partial sums: none is sent (zero wavelets)
         summed = torch.where(data, wave_out, 0) if sent is not None else wave_out
         south, north, ready = self._reduce(k, s, finish, active, summed, t0)
+        if stays(self.p, k):
+            ready = self._moved(k, ready, summed)
         flow = self._out_flow(k, ready, b, wave_out)
         tasks = count * started  # their AXPYs
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, task_overhead(started, tasks, hw))
@@ -586,7 +589,8 @@ class FastClock:
         t0: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Partial sums down and up each column, then east: the vertical links' loads and ``[blocks,
-        features]`` when each output message reaches the region's east edge. ``finish[i, q]``: when
+        features]`` when each output message reaches the region's east edge (``_to_end``: or the column
+        where its sum ends, for a result that stays there). ``finish[i, q]``: when
         PE ``active[i]`` is done with block ``q``; every other PE is done with each block at ``t0``."""
         hw, r = self.hw, k.region
         blocks, h = finish.shape[1], r.height
@@ -674,13 +678,36 @@ class FastClock:
         return south, north, self._per_feature(k, s, ready)
 
     def _to_end(self, k: Kernel, held_x: torch.Tensor, held_o: torch.Tensor) -> torch.Tensor:
-        """Cycles from each (column, output) pair's column east to where the output's sum ends: the
-        region's east edge, or, for a result that stays where it is made, the last column holding a
-        part of it (``homes.sums``)."""
+        """Cycles from each (column, output) pair's column to where the output stays: east to the
+        region's east edge, or, for a result that stays on the mesh, east to the last column holding
+        a part of it, then along its lane to its own column (``homes.sums``). The lane's links are not
+        queued here (the reference queues them)."""
         if not stays(self.p, k):
             return (k.region.width - 1 - held_x) * self.hw.hop_cycles
-        end = self._kept(k, ("sums",), lambda: self._on_host(sums, k))
-        return (end[held_o] - held_x) * self.hw.hop_cycles
+        last, _ = self._kept(k, ("sums",), lambda: self._on_host(sums, k))
+        return (last[held_o] - held_x) * self.hw.hop_cycles
+
+    def _moved(self, k: Kernel, ready: torch.Tensor, wave: torch.Tensor) -> torch.Tensor:
+        """``ready`` (``[blocks, outputs]``, each sum whole on the last column holding a part of it)
+        once each output of a result that stays on the mesh is on its own column (``homes.sums``):
+        the sums that leave one PE the same way go one after another on its link (one wavelet a
+        cycle, in the order they are whole), then one hop a column. ``wave[q]``: wavelets of block
+        ``q``'s messages (0 where none is sent)."""
+        last, home = self._kept(k, ("sums",), lambda: self._on_host(sums, k))
+        moving = (home != last).nonzero().squeeze(1)
+        if not len(moving) or not ready.numel():
+            return ready
+        out_f, width = len(home), k.region.width
+        lane, _ = lane_rank(lane_bounds(out_f, kernel_lanes(k, out_f)), torch.arange(out_f))
+        link = ((lane * width + last) * 2 + (home > last).to(torch.int64))[moving]
+        blocks = ready.shape[0]
+        cost = wave[:, None].expand(blocks, len(moving))
+        at = ready[:, moving]
+        done = fifo(link[None, :].expand(blocks, -1).reshape(-1), at.reshape(-1), cost.reshape(-1))
+        out = ready.clone()
+        hops = (home - last).abs()[moving] * self.hw.hop_cycles
+        out[:, moving] = done.view(blocks, -1) - cost + hops[None, :]
+        return out
 
     @staticmethod
     def _per_feature(k: Kernel, s: Layout, ready: torch.Tensor) -> torch.Tensor:

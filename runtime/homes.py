@@ -13,8 +13,9 @@ PE in time to follow the share before it. Sent all at once instead, the shares o
 overtake those of far ones on the lane's links, and a reader that needs whole messages gets most of
 them late (GPT-2 small's MLP expansion, reading a layer norm's five row tiles, took 11,759 cycles
 on the reference's links instead of 7,951). A sparse matmul's output sums down its columns and east
-across the columns that hold a part of it, and stays on its lane's PE of the last of them (``sums``):
-one tile, each feature on its own column. A convolution's sparse matmul (its channels are not its
+across the columns that hold a part of it, then moves along its lane to its own column, a lane's
+features spread over the region's columns (``runtime/sums.py``): one tile, each feature on its own
+column. A convolution's sparse matmul (its channels are not its
 features), a constant and a layout change on one column keep their result at the region's east edge
 (``EAST``); a program output leaves for the host in either mode.
 
@@ -44,18 +45,21 @@ from .layout import layout
 from .memo import kept_for
 from .memory import itemsize
 from .program import Kernel, ProgramData, lane_bounds
-from .sums import CONV, EAST, last_columns, stays
+from .sums import CONV, EAST, last_columns, spread_columns, stays
 from .tiles import tile_place, tile_rows
 
 __all__ = ["EAST", "CONV", "stays", "sums", "shares", "back", "kept_where"]
 
-def sums(program: ProgramData, k: Kernel) -> torch.Tensor:
-    """``[outputs]``: the column of sparse matmul ``k``'s region where each output's sum ends
-    (``sums.last_columns`` of its layout). Kept per kernel structure (``memo.kept_for``)."""
+def sums(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(last, home)``, ``[outputs]`` each: the column of sparse matmul ``k``'s region where each
+    output's sum is whole (``sums.last_columns`` of its layout) and the one where it stays
+    (``sums.spread_columns``). Kept per kernel structure (``memo.kept_for``)."""
 
-    def build() -> torch.Tensor:
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
         s = layout(program, k)
-        return last_columns(s.out_lo, s.span, k.region.width, s.out_features)
+        last = last_columns(s.out_lo, s.span, k.region.width, s.out_features)
+        lanes = kernel_lanes(k, s.out_features)
+        return last, spread_columns(s.out_features, lanes, k.region.width)
 
     return kept_for(program, k, ("sums",), build)
 
@@ -63,12 +67,12 @@ def sums(program: ProgramData, k: Kernel) -> torch.Tensor:
 def shares(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, y, rows)``: each row tile's column of each feature (``[tiles, features]``), each feature's
     mesh row (``[features]``) and each tile's rows of each block (``[tiles, blocks]``). A sparse matmul
-    is one tile: each output on the column where its sum ends (``sums``), every row of it."""
+    is one tile: each output on its own column (``sums``), every row of it."""
     sizes = block_sizes(rows_of(k.shape), block_rows(k))
     if k.op == "sparse_matmul":
         f = features_of(k.shape)
         lane, _ = lane_rank(lane_bounds(f, kernel_lanes(k, f)), torch.arange(f))
-        return k.region.x + sums(program, k)[None, :], k.region.y + lane, sizes[None, :]
+        return k.region.x + sums(program, k)[1][None, :], k.region.y + lane, sizes[None, :]
     px, py, _ = tile_place(k, features_of(k.shape))
     return px, py, tile_rows(sizes, px.shape[0])
 

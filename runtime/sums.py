@@ -1,25 +1,34 @@
 """Where a streaming step leaves its result: the rule ``runtime/homes.py`` follows, and where a sparse
-matmul's output sums end.
+matmul's outputs end up.
 
 A sparse matmul's output ``o`` is summed down each column holding a part of it, then east across
-those columns along its lane: the sum ends on the last of them (``last_columns``), where the bias is
-added. In a streaming program the result stays there (``stays``); otherwise it goes on to the
-region's east edge. This module reads only a kernel's attributes and its PEs' output ranges, so the
-SRAM model (``memory.py``) and the clocks (through ``homes.py``) share it::
+those columns along its lane: the sum is whole on the last of them (``last_columns``), where the bias
+is added. Then it moves along its lane: to the region's east edge, or, in a streaming program where
+the result stays on the mesh (``stays``), to its own column (``spread_columns``): a lane's features
+spread over the region's columns from the east. With balanced placement each column holds a run of
+consecutive outputs, which is one lane's features when the outputs are as many per lane as per
+column (GPT-2 small's MLP expansion on 64x64: lane ``r``'s 48 sums end on column ``r``); kept
+there, a lane's whole share of every row would wait on one PE. Spread, each PE keeps at most
+``ceil(features / width)`` of its lane's features, and a lane of one feature keeps it on the east
+column. This module reads only a kernel's attributes and its PEs' output ranges, so the SRAM model
+(``memory.py``) and the clocks (through ``homes.py``) share it::
 
     >>> import torch
     >>> out_lo, span = torch.tensor([0, 2, 0, 3]), torch.tensor([3, 2, 1, 1])  # 2 columns, 2 rows
     >>> last_columns(out_lo, span, width=2, outputs=5).tolist()  # output 4: on no PE, the east column
     [0, 0, 1, 1, 1]
+    >>> spread_columns(outputs=6, lanes=2, width=4).tolist()  # 3 features a lane over 4 columns
+    [3, 2, 1, 3, 2, 1]
 """
 
 from __future__ import annotations
 
 import torch
 
-from .program import Kernel, ProgramData
+from .blocking import lane_rank
+from .program import Kernel, ProgramData, lane_bounds
 
-__all__ = ["EAST", "CONV", "stays", "last_columns"]
+__all__ = ["EAST", "CONV", "stays", "last_columns", "spread_columns"]
 
 EAST = ("constant",)
 """Kernels whose result is at the region's east edge: a constant's value is loaded there. A layout
@@ -64,3 +73,12 @@ def last_columns(out_lo: torch.Tensor, span: torch.Tensor, width: int, outputs: 
     held = torch.cumsum(diff, dim=1)[:, :outputs] > 0  # [width, outputs]
     last = width - 1 - torch.flip(held, (0,)).to(torch.int8).argmax(dim=0)
     return torch.where(held.any(dim=0), last, width - 1)
+
+
+def spread_columns(outputs: int, lanes: int, width: int) -> torch.Tensor:
+    """``[outputs]``: the column of a region ``width`` columns wide where each output of a result in
+    ``lanes`` lanes stays: feature ``j`` of a lane of ``n`` on column ``width - 1 - j * width // n``."""
+    bounds = lane_bounds(outputs, lanes)
+    lane, rank = lane_rank(bounds, torch.arange(outputs))
+    n = (bounds[1:] - bounds[:-1])[lane].clamp(min=1)
+    return width - 1 - rank * width // n

@@ -50,28 +50,29 @@ def test_a_tiled_result_ends_when_its_last_share_is_made_in_both_executors(gpt):
         assert int(back(p, k).max()) <= k.region.width - 1
 
 
-def test_a_sparse_matmul_keeps_each_output_where_its_sum_ends(gpt):
+def test_a_sparse_matmul_spreads_each_lane_of_its_result_over_its_columns(gpt):
     _, _, p = gpt
     fast = simulate(p)
     matmuls = [k for k in p.kernels if k.op == "sparse_matmul" and stays(p, k)]
     assert matmuls and all(k.attrs.get("kind") not in CONV for k in matmuls)
-    spread = 0
     for k in matmuls:
-        s = p.array(k, "out_lo"), p.array(k, "out_hi")
+        lo, hi = p.array(k, "out_lo").long(), p.array(k, "out_hi").long()
         col = torch.arange(k.region.pes) % k.region.width
-        end = sums(p, k)
+        last, home = sums(p, k)
         for o in range(int(k.attrs["out_features"])):  # the last column a PE of which holds output o
-            holds = (s[0].long() <= o) & (o < s[1].long())
-            assert int(end[o]) == (int(col[holds].max()) if bool(holds.any()) else k.region.width - 1)
+            holds = (lo <= o) & (o < hi)
+            assert int(last[o]) == (int(col[holds].max()) if bool(holds.any()) else k.region.width - 1)
+        x, y, nbytes = kept_where(p, k)
+        per_pe = torch.unique(y * p.mesh.width + x, return_counts=True)[1]
+        lane_features = -(-int(k.attrs["out_features"]) // k.region.height)
+        assert int(per_pe.max()) <= -(-lane_features // k.region.width)  # a lane's features spread
         flow = fast.flows[k.name]
-        assert torch.equal(flow.back, k.region.width - 1 - end)
+        assert torch.equal(flow.back, k.region.width - 1 - home)
         kt = next(t for t in fast.kernels if t.name == k.name)
         assert kt.end == int(flow.ready.max())  # no trip to the region's edge
-        spread += len(set(end.tolist())) > 1
-        if "bias" in k.arrays:  # each bias on its output's lane, on the column where the sum ends
+        if "bias" in k.arrays:  # each bias on its output's lane, on the column where its sum is whole
             lanes = (bias_pes(p, k) // k.region.width).tolist()
-            assert lanes == sorted(lanes) and torch.equal(bias_pes(p, k) % k.region.width, end)
-    assert spread  # some result is spread over its columns, not gathered on one
+            assert lanes == sorted(lanes) and torch.equal(bias_pes(p, k) % k.region.width, last)
 
 
 def test_both_executors_agree_and_match_pytorch(gpt):
