@@ -690,16 +690,17 @@ class FastClock:
     def _moved(self, k: Kernel, ready: torch.Tensor, wave: torch.Tensor) -> torch.Tensor:
         """``ready`` (``[blocks, outputs]``, each sum whole on the last column holding a part of it)
         once each output of a result that stays on the mesh is on its own column (``homes.sums``):
-        the sums that leave one PE the same way go one after another on its link (one wavelet a
-        cycle, in the order they are whole), then one hop a column. ``wave[q]``: wavelets of block
-        ``q``'s messages (0 where none is sent)."""
+        the sums that move the same way along one row take that row's links one after another (one
+        wavelet a cycle, in the order they are whole; their paths mostly overlap, as a lane's
+        features leave a few columns for columns spread over the region), then one hop a column.
+        ``wave[q]``: wavelets of block ``q``'s messages (0 where none is sent)."""
         last, home = self._kept(k, ("sums",), lambda: self._on_host(sums, k))
         moving = (home != last).nonzero().squeeze(1)
         if not len(moving) or not ready.numel():
             return ready
         out_f, width = len(home), k.region.width
         lane, _ = lane_rank(lane_bounds(out_f, kernel_lanes(k, out_f)), torch.arange(out_f))
-        link = ((lane * width + last) * 2 + (home > last).to(torch.int64))[moving]
+        link = (lane * 2 + (home > last).to(torch.int64))[moving]
         blocks = ready.shape[0]
         cost = wave[:, None].expand(blocks, len(moving))
         at = ready[:, moving]
