@@ -57,7 +57,7 @@ from .cost import (
     task_overhead,
     wavelets,
 )
-from .homes import back, stays
+from .homes import back, stays, sums
 from .host import edge_queued, outputs_in_host
 from .intervals import Columns, Holders, busiest_link, column_load, cumcount, lane_merges
 from .layout import Layout, layout, weight_bytes
@@ -65,7 +65,7 @@ from .memo import kept_for
 from .op_kinds import ROW_MATMULS, op_kind
 from .program import Kernel, ProgramData, lane_bounds
 from .queues import CHUNK, NEVER, fifo, sparse_tasks
-from .ramps import shared_departs
+from .ramps import links_of, output_departs, shared_departs
 from .tiles import edge_ready, tile_place, tile_rows
 from .timeline import Flow, KernelTime, Timeline
 
@@ -238,7 +238,7 @@ class FastClock:
         among the kernel's structures (``_kept``). The values' messages that fork up or down the kernel's
         columns queue on those links together, as the reference's do (two operands of an attention
         matmul share the column they climb)."""
-        shared = self._shared_departs([value for value, _, _ in reads])
+        shared = self._shared_departs([value for value, _, _ in reads], kernel)
         plans = [self._plan(read, kernel, blocks, b, x, y, shared.get(read[0])) for read in reads]
         queued = [p for p in plans if p.queue is not None]
         if queued:
@@ -287,18 +287,29 @@ class FastClock:
         args = ("arrivals", flow.features, flow.lanes) + key
         return bool(self._kept(kernel, args, lambda: self._forks(flow, feats, x, y))[1])
 
-    def _shared_departs(self, values: list[str]) -> dict[str, torch.Tensor]:
-        """Streaming: the departures of stored values a kernel reads that leave through the same
-        ramps (``ramps.shared_departs``), by value; a value alone on its ramps is not in it."""
+    def _shared_departs(self, values: list[str], kernel: Kernel) -> dict[str, torch.Tensor]:
+        """Streaming: the departures of stored values a kernel reads whose messages meet on the links
+        of a row (``ramps.shared_departs``), by value; a value that meets none is not in it."""
         if not self.streaming:
             return {}
         stored = [v for v in dict.fromkeys(values) if self.flows[v].east >= 0 and self.flows[v].features > 0]
+        if len(stored) < 2:
+            return {}
+        through = kernel.region.width > 1  # messages go on east of column 0
+        ramps = [links_of(self.flows[v], self.row0(v), through) for v in stored]
+        groups: list[tuple[list[str], set[int]]] = []  # values that share a ramp, joined
+        for v, used in zip(stored, ramps):
+            meets = [g for g in groups if g[1] & used]
+            names = [n for g in meets for n in g[0]] + [v]
+            groups = [g for g in groups if not g[1] & used] + [(names, used.union(*(g[1] for g in meets)))]
         out: dict[str, torch.Tensor] = {}
-        for east in {self.flows[v].east for v in stored}:
-            group = [v for v in stored if self.flows[v].east == east]
-            if len(group) > 1:
+        for names, _ in groups:
+            if len(names) > 1:
+                group = sorted(names, key=stored.index)  # program order: the round-robin's
                 flows = [self.flows[v] for v in group]
-                out.update(zip(group, shared_departs(flows, [self.row0(v) for v in group], self.t0)))
+                rows0 = [self.row0(v) for v in group]
+                departs = shared_departs(flows, rows0, self.t0, self.hw.hop_cycles, through)
+                out.update(zip(group, departs))
         return out
 
     def _departs(self, flow: Flow, shared: torch.Tensor | None) -> torch.Tensor:
@@ -401,9 +412,9 @@ class FastClock:
         return self._dense(k, t0)
 
     def setting(self, k: Kernel) -> tuple:
-        """``reuse.setting`` of ``k`` on this clock's hardware and mode, and whether its result stays
-        where it is made (``homes.py``: not for a program output)."""
-        return (*reuse.setting(k, self.hw, self.streaming), stays(self.p, k))
+        """``reuse.setting`` of ``k`` on this clock's hardware and mode, whether its result stays where
+        it is made (``homes.py``: not for a program output) and whether it is a program output."""
+        return (*reuse.setting(k, self.hw, self.streaming), stays(self.p, k), k.name in self.p.outputs)
 
     def situation(self, k: Kernel, t0: int) -> tuple:
         """``reuse.situation`` of ``k`` starting at ``t0``: its inputs' flows, the input vectors it is sent
@@ -439,14 +450,27 @@ class FastClock:
         return per_block(lambda n: wavelets(n, dtype, self.hw), sizes)
 
     def _out_flow(self, k: Kernel, ready: torch.Tensor, b: int, wave: torch.Tensor) -> Flow:
-        """The result's flow: ``ready[q, f]`` when each message reaches the region's east edge."""
+        """The result's flow: ``ready[q, f]`` when each message reaches the region's east edge, or,
+        where it stays where it is made (``homes.py``), when its last share is made."""
         f = features_of(k.shape)
         east = k.region.x + k.region.width - 1
         flow = Flow(k.name, k.dtype, f, kernel_lanes(k, f), rows_of(k.shape), b, wave, east, ready)
         flow.live = fits(self.live(k.name, b), flow)
         if stays(self.p, k):
-            flow.back = self._kept(k, ("back",), lambda: back(k))
+            flow.back = self._kept(k, ("back",), lambda: back(self.p, k))
+        if self.streaming and k.name in self.p.outputs:  # it leaves in its own step, for the host
+            flow.own = self._output_departs(k, flow)
         return flow
+
+    def _output_departs(self, k: Kernel, flow: Flow) -> torch.Tensor | None:
+        """``ramps.output_departs``: program output ``flow`` leaving ``k``'s east column beside the
+        stored values ``k``'s step sends again from there (None: none is)."""
+        flows = self.flows
+        values = [v for v in dict.fromkeys(k.inputs) if flows[v].east >= 0 and flows[v].features > 0]
+        shared = self._shared_departs(values, k)
+        sent = [(self.flows[v], self._departs(self.flows[v], shared.get(v)), self.row0(v)) for v in values]
+        east = k.region.x + k.region.width - 1
+        return output_departs(flow, k.region.y, east, sent, self.hw.hop_cycles)
 
     def _blocks(self, k: Kernel) -> tuple[int, int, torch.Tensor, torch.Tensor]:
         """Rows per block, blocks, each block's rows and each block's wavelets per message."""
@@ -506,6 +530,8 @@ class FastClock:
         # a block in which no PE ran a task has only zero partial sums: none is sent (zero wavelets)
         summed = torch.where(data, wave_out, 0) if sent is not None else wave_out
         south, north, ready = self._reduce(k, s, finish, active, summed, t0)
+        if stays(self.p, k):
+            ready = self._moved(k, ready, summed)
         flow = self._out_flow(k, ready, b, wave_out)
         tasks = count * started  # their AXPYs
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, task_overhead(started, tasks, hw))
@@ -563,7 +589,8 @@ class FastClock:
         t0: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Partial sums down and up each column, then east: the vertical links' loads and ``[blocks,
-        features]`` when each output message reaches the region's east edge. ``finish[i, q]``: when
+        features]`` when each output message reaches the region's east edge (``_to_end``: or the column
+        where its sum ends, for a result that stays there). ``finish[i, q]``: when
         PE ``active[i]`` is done with block ``q``; every other PE is done with each block at ``t0``."""
         hw, r = self.hw, k.region
         blocks, h = finish.shape[1], r.height
@@ -593,12 +620,11 @@ class FastClock:
         before = torch.cumsum(moving.to(torch.int64), 0) - moving.to(torch.int64)
         first = torch.cumsum(users, 0) - users
         rank = (before - first[held_x]) * vload[held_x] // users[held_x].clamp(min=1)  # on the busiest link
-        east = r.x + r.width - 1
-        to_edge = (east - (r.x + torch.arange(r.width))) * hw.hop_cycles
+        key = ("to end", hw.hop_cycles, stays(self.p, k))
+        edge_all = self._kept(k, key, lambda: self._to_end(k, held_x, held_o))
         ready = torch.full((blocks, s.out_features), t0, dtype=torch.int64)
         if compiled.available(finish, ready):  # the same queues, block by block in one compiled pass
             idle = torch.where(users[:, None] > 0, NEVER, in_column)
-            edge_all = to_edge[held_x]
             lead_all = travel * hw.hop_cycles + edge_all
             pairs = (held_x, held_o, seg_of, pair_lane, moving, rank, lead_all, edge_all)
             latest = torch.full((r.width,), -NEVER, dtype=torch.int64)
@@ -609,10 +635,10 @@ class FastClock:
             return south, north, self._per_feature(k, s, ready)
         still, any_moving = ~moving, bool(moving.any())
         group_seg = slowest % h + (segments // (h * h) * h)[None, :]
-        edge, o_s = to_edge[held_x[still]][None, :], held_o[still][None, :]
+        edge, o_s = edge_all[still][None, :], held_o[still][None, :]
         if any_moving:
             seg_m, x_m, o_m = seg_of[moving], held_x[moving], held_o[moving]
-            edge_m = to_edge[x_m]
+            edge_m = edge_all[moving]
             lead = travel[moving] * hw.hop_cycles + edge_m
             leave = (travel[moving] * hw.hop_cycles)[None, :]
             lane_m, ones = pair_lane[moving][None, :], torch.ones(len(seg_m), dtype=torch.int64)
@@ -650,6 +676,39 @@ class FastClock:
             torch.maximum(at, queued, out=at)
             ready[q0:q1].scatter_reduce_(1, o_m.expand_as(at), at, "amax")
         return south, north, self._per_feature(k, s, ready)
+
+    def _to_end(self, k: Kernel, held_x: torch.Tensor, held_o: torch.Tensor) -> torch.Tensor:
+        """Cycles from each (column, output) pair's column to where the output stays: east to the
+        region's east edge, or, for a result that stays on the mesh, east to the last column holding
+        a part of it, then along its lane to its own column (``homes.sums``). The lane's links are not
+        queued here (the reference queues them)."""
+        if not stays(self.p, k):
+            return (k.region.width - 1 - held_x) * self.hw.hop_cycles
+        last, _ = self._kept(k, ("sums",), lambda: self._on_host(sums, k))
+        return (last[held_o] - held_x) * self.hw.hop_cycles
+
+    def _moved(self, k: Kernel, ready: torch.Tensor, wave: torch.Tensor) -> torch.Tensor:
+        """``ready`` (``[blocks, outputs]``, each sum whole on the last column holding a part of it)
+        once each output of a result that stays on the mesh is on its own column (``homes.sums``):
+        the sums that move the same way along one row take that row's links one after another (one
+        wavelet a cycle, in the order they are whole; their paths mostly overlap, as a lane's
+        features leave a few columns for columns spread over the region), then one hop a column.
+        ``wave[q]``: wavelets of block ``q``'s messages (0 where none is sent)."""
+        last, home = self._kept(k, ("sums",), lambda: self._on_host(sums, k))
+        moving = (home != last).nonzero().squeeze(1)
+        if not len(moving) or not ready.numel():
+            return ready
+        out_f, width = len(home), k.region.width
+        lane, _ = lane_rank(lane_bounds(out_f, kernel_lanes(k, out_f)), torch.arange(out_f))
+        link = (lane * 2 + (home > last).to(torch.int64))[moving]
+        blocks = ready.shape[0]
+        cost = wave[:, None].expand(blocks, len(moving))
+        at = ready[:, moving]
+        done = fifo(link[None, :].expand(blocks, -1).reshape(-1), at.reshape(-1), cost.reshape(-1))
+        out = ready.clone()
+        hops = (home - last).abs()[moving] * self.hw.hop_cycles
+        out[:, moving] = done.view(blocks, -1) - cost + hops[None, :]
+        return out
 
     @staticmethod
     def _per_feature(k: Kernel, s: Layout, ready: torch.Tensor) -> torch.Tensor:
@@ -713,7 +772,7 @@ class FastClock:
         east, link = r.x + r.width - 1, int(px[-1].min())  # the last tile's first column
         lane = py - r.y
         queue, at, cost = [], [], []
-        shared = self._shared_departs([value for value, _, _ in reads])
+        shared = self._shared_departs([value for value, _, _ in reads], k)
         for value, feats, _ in reads:
             flow = self.flows[value]
             depart = self._departs(flow, shared.get(value))

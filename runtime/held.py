@@ -1,11 +1,13 @@
 """Values kept between the steps of a streaming program, and the SRAM they take.
 
 A streaming program runs one kernel at a time. A value a later step reads is kept where its producer
-left it: on the producer's east column, one lane a row (the rows ``region.y + lane``), every row of the
-value. From there each reader's step sends it again (``runtime/journeys.py``). So a PE of that column
-holds ``rows * lane_features * itemsize`` bytes of it from the step after its producer's (during its
-own step, its rows in flight are the producer's buffers, ``memory.pe_bytes``) to its last reader's,
-beside whatever the running kernel keeps on that PE.
+left it, every row of it: on the PEs that made it (``runtime/homes.py``: a row tile's share, or a
+sparse matmul's output on the column where its sum ends), or on the producer's east column, one lane
+a row (the rows ``region.y + lane``), for a constant, a layout change on one column and a
+convolution. From there each reader's step sends it again (``runtime/journeys.py``). So a PE holds its
+part of the value from the step after its producer's (during its own step, its rows in flight are the
+producer's buffers, ``memory.pe_bytes``) to its last reader's, beside whatever the running kernel
+keeps on that PE.
 
 The lowering gives a step more columns where that spreads its own data enough (``crowded``), and fewer
 rows in flight, so that its own data fits beside what is kept on its PEs (``kept_beside``,
@@ -44,7 +46,7 @@ import torch
 
 from .blocking import kernel_lanes
 from .cost import features_of, rows_of
-from .homes import EAST, kept_where, stays
+from .homes import kept_where, stays
 from .memory import itemsize, pe_bytes
 from .program import Kernel, ProgramData, lane_bounds
 
@@ -109,9 +111,9 @@ def _kept(p: ProgramData) -> Iterator[tuple[int, Kernel, torch.Tensor, dict]]:
 
 def _where(p: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, y, bytes)``: the PEs that keep ``k``'s result and the bytes each keeps, where it was made
-    (``homes.kept_where``) or, a sparse matmul's or a constant's, on the region's east column."""
+    (``homes.kept_where``) or, where it does not stay there, on the region's east column."""
     if stays(p, k):
-        return kept_where(k)
+        return kept_where(p, k)
     per = lane_bytes(k)
     y = k.region.y + torch.arange(len(per))
     return torch.full_like(y, k.region.x + k.region.width - 1), y, per
@@ -198,7 +200,7 @@ def crowded(p: ProgramData, own: Mapping[str, torch.Tensor] | None = None) -> li
         y, x = divmod(int(torch.argmax(here)), k.region.width)
         x, y = x + k.region.x, y + k.region.y
         for v, where in kept.items():  # a result kept on its region's east edge does not spread
-            if p.kernels[index[v]].op not in EAST and _keeps(where, x, y):
+            if stays(p, p.kernels[index[v]]) and _keeps(where, x, y):
                 out[index[v]] = None
     return sorted(out)
 
@@ -222,9 +224,10 @@ def held_overflow(p: ProgramData) -> str | None:
         f"streaming step {peak.step!r}: PE ({peak.x}, {peak.y}) keeps {peak.held:,} bytes of "
         f"{_names(peak.values)} for later steps beside the step's own {peak.own:,}: "
         f"{peak.total:,} bytes, and a PE has {sram:,} bytes of SRAM. A value kept between streaming "
-        f"steps stays on its producer's east column, every row of its lanes' features; sparsefx does not "
-        f"spill it, so this program's figures assume SRAM the mesh does not have. About {fits:,} of its "
-        f"{rows:,} rows would fit: lower fewer tokens, onto a mesh with more rows, or in pipelined mode"
+        f"steps stays where it was made (or on its producer's east column), every row of it; sparsefx "
+        f"does not spill it, so this program's figures assume SRAM the mesh does not have. About "
+        f"{fits:,} of its {rows:,} rows would fit: lower fewer tokens, onto a mesh with more rows, or in "
+        "pipelined mode"
     )
 
 

@@ -12,21 +12,26 @@ the times they would have from the region's east column (``Flow.depart``), each 
 PE in time to follow the share before it. Sent all at once instead, the shares of near columns
 overtake those of far ones on the lane's links, and a reader that needs whole messages gets most of
 them late (GPT-2 small's MLP expansion, reading a layer norm's five row tiles, took 11,759 cycles
-on the reference's links instead of 7,951). A sparse matmul reduces its partial sums toward the
-east edge and keeps its result there, as do a constant and a layout change on one column
+on the reference's links instead of 7,951). A sparse matmul's output sums down its columns and east
+across the columns that hold a part of it, then moves along its lane to its own column, a lane's
+features spread over the region's columns (``runtime/sums.py``): one tile, each feature on its own
+column. A convolution's sparse matmul (its channels are not its
+features), a constant and a layout change on one column keep their result at the region's east edge
 (``EAST``); a program output leaves for the host in either mode.
 
 Both executors follow this rule; the SRAM model counts each share on its PE (``runtime/held.py``)::
 
     >>> import torch
-    >>> from sparsefx.runtime.program import Kernel, Region
+    >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
+    >>> from sparsefx.runtime.program import Kernel, ProgramData, Region
     >>> k = Kernel("g", "elementwise", Region(0, 0, 4, 2), ("x",), (8, 4), "float32", attrs={"row_tiles": 2})
-    >>> x, y, nbytes = kept_where(k)  # 2 features a lane, one a column, in 2 tiles of 2 columns
+    >>> p = ProgramData(MeshSpec(8, 8), HardwareSpec(), "streaming", "balanced")
+    >>> x, y, nbytes = kept_where(p, k)  # 2 features a lane, one a column, in 2 tiles of 2 columns
     >>> x.tolist(), y.tolist()
     ([0, 1, 0, 1, 2, 3, 2, 3], [0, 0, 1, 1, 0, 0, 1, 1])
     >>> nbytes.tolist()  # 4 of the 8 rows in each tile, 4 bytes each
     [16, 16, 16, 16, 16, 16, 16, 16]
-    >>> back(k).tolist()  # columns from the east edge to the last tile's PE of each feature
+    >>> back(p, k).tolist()  # columns from the east edge to the last tile's PE of each feature
     [1, 0, 1, 0]
 """
 
@@ -34,50 +39,54 @@ from __future__ import annotations
 
 import torch
 
-from .blocking import block_sizes
+from .blocking import block_sizes, kernel_lanes, lane_rank
 from .cost import block_rows, features_of, rows_of
+from .layout import layout
+from .memo import kept_for
 from .memory import itemsize
-from .program import Kernel, ProgramData
+from .program import Kernel, ProgramData, lane_bounds
+from .sums import CONV, EAST, last_columns, spread_columns, stays
 from .tiles import tile_place, tile_rows
 
-__all__ = ["EAST", "stays", "shares", "back", "kept_where"]
+__all__ = ["EAST", "CONV", "stays", "sums", "shares", "back", "kept_where"]
 
-EAST = ("sparse_matmul", "constant")
-"""Kernels whose result is at the region's east edge: a sparse matmul's sums reduce toward it, and a
-constant's value is loaded there. A layout change on one column gathers its copy there too (its
-tasks are timed as reading one input feature each, which understates a head split's or merge's
-traffic across lanes; its result's trip to the edge is part of its cost until that is modelled)."""
+def sums(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(last, home)``, ``[outputs]`` each: the column of sparse matmul ``k``'s region where each
+    output's sum is whole (``sums.last_columns`` of its layout) and the one where it stays
+    (``sums.spread_columns``). Kept per kernel structure (``memo.kept_for``)."""
 
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        s = layout(program, k)
+        last = last_columns(s.out_lo, s.span, k.region.width, s.out_features)
+        lanes = kernel_lanes(k, s.out_features)
+        return last, spread_columns(s.out_features, lanes, k.region.width)
 
-def stays(program: ProgramData, k: Kernel) -> bool:
-    """Whether ``k``'s result stays on the PEs that made it (module docstring): streaming, a kernel
-    without stored weights (a layout change only in row tiles, which the lowering gives it where its
-    data needs more than one column), and not a program output."""
-    if program.mode != "streaming" or k.name in program.outputs:
-        return False
-    if k.op == "layout":
-        return int(k.attrs.get("row_tiles", 1)) > 1
-    return k.op not in EAST
+    return kept_for(program, k, ("sums",), build)
 
 
-def shares(k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def shares(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, y, rows)``: each row tile's column of each feature (``[tiles, features]``), each feature's
-    mesh row (``[features]``) and each tile's rows of each block (``[tiles, blocks]``)."""
-    px, py, _ = tile_place(k, features_of(k.shape))
+    mesh row (``[features]``) and each tile's rows of each block (``[tiles, blocks]``). A sparse matmul
+    is one tile: each output on its own column (``sums``), every row of it."""
     sizes = block_sizes(rows_of(k.shape), block_rows(k))
+    if k.op == "sparse_matmul":
+        f = features_of(k.shape)
+        lane, _ = lane_rank(lane_bounds(f, kernel_lanes(k, f)), torch.arange(f))
+        return k.region.x + sums(program, k)[1][None, :], k.region.y + lane, sizes[None, :]
+    px, py, _ = tile_place(k, features_of(k.shape))
     return px, py, tile_rows(sizes, px.shape[0])
 
 
-def back(k: Kernel) -> torch.Tensor:
+def back(program: ProgramData, k: Kernel) -> torch.Tensor:
     """``[features]``: columns from ``k``'s east edge back to the PE of its last row tile that keeps
     each feature (a later step's messages leave from there)."""
-    px, _, _ = shares(k)
+    px, _, _ = shares(program, k)
     return k.region.x + k.region.width - 1 - px[-1]
 
 
-def kept_where(k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def kept_where(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, y, bytes)``, flat over ``[tiles, features]``: each share's PE and the bytes of every row of
     it that the PE keeps."""
-    px, py, rows = shares(k)
+    px, py, rows = shares(program, k)
     nbytes = (rows.sum(dim=1)[:, None] * itemsize(k.dtype)).expand_as(px)  # every row a tile keeps
     return px.reshape(-1), py[None, :].expand_as(px).reshape(-1), nbytes.reshape(-1)

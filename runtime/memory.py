@@ -23,9 +23,11 @@ import math
 
 import torch
 
+from .blocking import kernel_lanes, lane_rank
 from .encoding import row_index_dtype
 from .memo import kept_for
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
+from .sums import last_columns, stays
 from .tiles import tile_columns
 
 __all__ = ["pe_bytes", "sram_needed", "SRAM_LABEL", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
@@ -112,7 +114,8 @@ def _resident(program: ProgramData, kernel: Kernel) -> torch.Tensor:
 
 
 def _sparse(program: ProgramData, kernel: Kernel) -> torch.Tensor:
-    key = ("sram parts", "bias" in kernel.arrays)  # kept_for keys the arrays but the bias
+    # kept_for keys the arrays but the bias; where the bias goes depends on the mode and the outputs
+    key = ("sram parts", "bias" in kernel.arrays, program.mode, kernel.name in program.outputs)
     fixed, per_row = kept_for(program, kernel, key, lambda: _sparse_parts(program, kernel))
     return fixed + int(kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT)) * per_row
 
@@ -125,7 +128,6 @@ def _sparse_parts(program: ProgramData, kernel: Kernel) -> tuple[torch.Tensor, t
     else:
         nz_ptr = program.array(kernel, "nz_ptr").to(torch.int64)
         nnz = nz_ptr[1:] - nz_ptr[:-1]
-    width = kernel.region.width
     if "in_lo" in kernel.arrays:
         in_widths = (program.array(kernel, "in_hi") - program.array(kernel, "in_lo")).to(torch.int64)
     else:
@@ -138,11 +140,24 @@ def _sparse_parts(program: ProgramData, kernel: Kernel) -> tuple[torch.Tensor, t
         index_bytes = row_index_dtype(out_span).itemsize
     ptr_bytes = torch.where(nnz < 2**15, 2, 4)  # local column offsets: 16-bit where they fit
     fixed = nnz * (value_bytes + index_bytes) + (in_widths + 1) * ptr_bytes
-    if "bias" in kernel.arrays:  # the east column adds the bias of its row's output lanes
-        out_widths = _lane_widths(int(kernel.attrs["out_features"]), kernel)
-        east = torch.arange(kernel.region.height) * width + width - 1
-        fixed[east] += out_widths * value_bytes
+    if "bias" in kernel.arrays:  # each output's bias, on the PE where its sum ends
+        at = bias_pes(program, kernel)
+        fixed.index_add_(0, at, torch.full_like(at, value_bytes))
     return fixed, out_span * ACC_BYTES + in_widths * value_bytes
+
+
+def bias_pes(program: ProgramData, kernel: Kernel) -> torch.Tensor:
+    """``[outputs]``: the PE of sparse matmul ``kernel``'s region (row-major) that adds each output's
+    bias, on the output's lane: where its sum ends (``sums.last_columns``) if its result stays there
+    (``sums.stays``), else on the region's east column."""
+    r, out_f = kernel.region, int(kernel.attrs["out_features"])
+    lane, _ = lane_rank(lane_bounds(out_f, kernel_lanes(kernel, out_f)), torch.arange(out_f))
+    if stays(program, kernel):
+        lo = program.array(kernel, "out_lo").to(torch.int64)
+        col = last_columns(lo, program.array(kernel, "out_hi").to(torch.int64) - lo, r.width, out_f)
+    else:
+        col = torch.full((out_f,), r.width - 1, dtype=torch.int64)
+    return lane * r.width + col
 
 
 def pe_bytes(program: ProgramData, kernel: Kernel) -> torch.Tensor:

@@ -1,11 +1,17 @@
-"""Stored values sent again in one streaming step take turns where they leave.
+"""Stored values sent again in one streaming step take turns on the links they share.
 
-In weight-streaming mode a kernel's result stays on its producer's east column until a later step
-reads it; that step sends the whole value again (``Flow.depart(t0)``). Values that live on the same
-east column leave through the same PEs' ramps onto the same rows: each ramp passes one message at a
-time, and messages that are waiting together go round-robin by value (the reference's colors, one
-per value, in program order), first come first served within a value. A kernel that reads two
-stored values, a residual add say, gets them interleaved, not each as fast as if it were alone::
+In weight-streaming mode a kernel's result waits where its producer left it until a later step reads
+it; that step sends the whole value again (``Flow.depart(t0)``), west along each lane to column 0,
+then east across the reader's region. A message leaves through the ramp of the PE that keeps it: its
+producer's east column, or, for a result that stays where it was made (``Flow.back``,
+``runtime/homes.py``), the column of its share, which it leaves at its lane's slot moved by the hops
+it saves, so that it passes column 0 when it would have from the east column. Messages of the values
+a step reads that are on one row meet: all of them on the link out of column 0 when the reader is
+wider than one column, else those that come from east of column 0 on the westward link into it and
+those kept on column 0 on its ramp. Each link passes one message at a time, and messages that are
+waiting together go round-robin by value (the reference's colors, one per value, in program order),
+first come first served within a value, in the order they would pass column 0. A kernel that reads
+two stored values, a residual add say, gets them interleaved, not each as fast as if it were alone::
 
     >>> import torch
     >>> from sparsefx.runtime.timeline import Flow
@@ -22,34 +28,80 @@ import torch
 from .queues import fifo
 from .timeline import Flow
 
-__all__ = ["shared_departs"]
+__all__ = ["shared_departs", "links_of", "output_departs"]
 
-_ROWS = 1 << 20  # more rows than any mesh has: ``east * _ROWS + row`` names one ramp
-
-
-def shared_departs(flows: list[Flow], rows0: list[int], t0: int) -> list[torch.Tensor]:
+def shared_departs(
+    flows: list[Flow], rows0: list[int], t0: int, hop: int = 1, through: bool = False
+) -> list[torch.Tensor]:
     """``[blocks, features]`` for each of ``flows`` (stored values sent again from ``t0``, in program
-    order; ``rows0[i]``: the mesh row of flow ``i``'s lane 0): when each message's head leaves its
-    ramp, the ramps of values on the same east column and row shared (module docstring). A flow
-    alone on its ramps leaves as ``flow.depart(t0)``."""
-    ready, ramp, sends, key = [], [], [], []
+    order; ``rows0[i]``: the mesh row of flow ``i``'s lane 0): when each message's head would leave
+    its producer's east column, the links of each row shared (module docstring; ``hop``: cycles a
+    hop; ``through``: the reader is wider than one column). A flow alone leaves as ``flow.depart(t0)``."""
+    ready, link, sends, key, shift = [], [], [], [], []
     for i, (flow, row0) in enumerate(zip(flows, rows0)):
-        r = flow.ready.clamp(min=t0).reshape(-1)
-        lane = (flow.east * _ROWS + row0 + flow.lane)[None, :].expand(flow.blocks, -1)
-        lane = lane.reshape(-1).contiguous()
-        order = torch.argsort(r, stable=True)  # the flow's own queue: ready, then block, then feature
-        order = order[torch.argsort(lane[order], stable=True)]
+        # on its east column each lane's ramp is its queue; kept where made, its lane's schedule, in
+        # the order of that queue (ready, then block, then feature)
+        queue = flow.ready.clamp(min=t0).reshape(-1)
+        at = flow.east * hop  # from the east column to column 0: the order the links see
+        r = queue if flow.back is None else flow.depart(t0).reshape(-1)
+        r = r + at
+        ways = _links(flow, row0, through)[None, :].expand(flow.blocks, -1).reshape(-1).contiguous()
+        order = torch.argsort(queue, stable=True)  # the flow's own queue
+        order = order[torch.argsort(ways[order], stable=True)]
         place = torch.empty_like(order)
         place[order] = torch.arange(len(order))
-        start = torch.searchsorted(lane[order], lane, side="left")  # the ramp's first entry of the flow
+        start = torch.searchsorted(ways[order], ways, side="left")  # the link's first entry of the flow
         ready.append(r)
-        ramp.append(lane)
+        link.append(ways)
         sends.append(flow.sends.reshape(-1))
         key.append((place - start) * len(flows) + i)  # waiting together: round-robin by value
+        shift.append(at)
     key_all = torch.cat(key)
     given = torch.argsort(key_all, stable=True)
-    r_all, ramp_all, s_all = (torch.cat(t)[given] for t in (ready, ramp, sends))
+    r_all, link_all, s_all = (torch.cat(t)[given] for t in (ready, link, sends))
     depart = torch.empty_like(r_all)
-    depart[given] = fifo(ramp_all, r_all, s_all) - s_all
+    depart[given] = fifo(link_all, r_all, s_all) - s_all
     parts = depart.split([f.ready.numel() for f in flows])
-    return [d.view(f.blocks, f.features) for d, f in zip(parts, flows)]
+    return [d.view(f.blocks, f.features) - at for d, f, at in zip(parts, flows, shift)]
+
+
+def _links(flow: Flow, row0: int, through: bool) -> torch.Tensor:
+    """``[features]``: the link where each feature's messages meet the other values' (module
+    docstring), numbered ``row * 2`` (into or out of column 0) or ``row * 2 + 1`` (column 0's ramp)."""
+    home = torch.full((flow.features,), flow.east, dtype=torch.int64)
+    if flow.back is not None:
+        home = home - flow.back.to(torch.int64)
+    ramp = (home == 0) & (not through)
+    return (row0 + flow.lane) * 2 + ramp.to(torch.int64)
+
+
+def links_of(flow: Flow, row0: int, through: bool) -> set[int]:
+    """The links where ``flow``'s messages meet other values' (``shared_departs``' numbering)."""
+    return set(torch.unique(_links(flow, row0, through)).tolist())
+
+
+def output_departs(
+    out: Flow, row0: int, column: int, sent: list[tuple[Flow, torch.Tensor, int]], hop: int
+) -> torch.Tensor | None:
+    """``[blocks, features]``: when each message of program output ``out`` (its lane 0 on mesh row
+    ``row0``, leaving from ``column``) leaves for the host, where stored values its step reads
+    (``sent``: each flow, its departures in the step and its lane 0's row) leave through the same
+    PEs' ramps: each ramp passes one message at a time, first come first served. None where no stored
+    message leaves from ``column``."""
+    ready, ramp, sends = [], [], []
+    for flow, departs, row in sent:
+        back = torch.zeros(flow.features, dtype=torch.int64) if flow.back is None else flow.back
+        here = (flow.east - back) == column
+        if not bool(here.any()):
+            continue
+        ready.append((departs + back[None, :] * hop)[:, here].reshape(-1))
+        ramp.append((row + flow.lane)[here][None, :].expand(flow.blocks, -1).reshape(-1))
+        sends.append(flow.sends[:, here].reshape(-1))
+    if not ready:
+        return None
+    ready.append(out.ready.reshape(-1))
+    ramp.append((row0 + out.lane)[None, :].expand(out.blocks, -1).reshape(-1))
+    sends.append(out.sends.reshape(-1))
+    finish = fifo(torch.cat(ramp), torch.cat(ready), torch.cat(sends))
+    n = out.ready.numel()
+    return (finish[-n:] - sends[-1]).view(out.blocks, out.features)

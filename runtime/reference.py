@@ -18,8 +18,10 @@
   have run and its previous block is done.
 - **Partial sums** go down and up each column to their output's lane, merging on each PE that holds
   the same output (it sends on when its own block is done and the sum from above has arrived), then
-  east along the lane across the columns holding it, then to the region's east edge. Each merge is a
-  vector add on the PE where the parts meet (``partial_add_cycles``, part of that PE's work).
+  east along the lane across the columns holding it, then to the region's east edge (in a streaming
+  program, unless it is a program output, the sum stays where it ends: ``runtime/homes.py``). Each
+  merge is a vector add on the PE where the parts meet (``partial_add_cycles``, part of that PE's
+  work).
 - **Kernels** all start at cycle 0 in a pipelined program. In a streaming one each starts when the
   kernel before has ended and its own weights are loaded (``load_cycles``, loaded while the kernel
   before runs), and reads stored values sent again in its own step.
@@ -261,8 +263,8 @@ class ReferenceMachine:
         lanes = kernel_lanes(k, f)
         sent = Sent(k.name, k.dtype, f, lanes, rows_of(k.shape), b, wave, east, color, self.tensors[k.name])
         if stays(self.p, k):  # kept where its row tiles make it (``homes.py``)
-            px, _, rows = kept_shares(k)
-            sent.homes, sent.back = (px.tolist(), rows.tolist()), back(k)
+            px, _, rows = kept_shares(self.p, k)
+            sent.homes, sent.back = (px.tolist(), rows.tolist()), back(self.p, k)
         return sent
 
     # -- the play ------------------------------------------------------------------------------------
@@ -374,15 +376,18 @@ class ReferenceMachine:
         only that many of the block's rows leave from ``x`` (a row tile's share), and ``then(cycle,
         wavelets)`` when their head reaches the edge (``_Edge``: the result is there when every share is)."""
         v, k = run.out, run.k
-        if v.homes is not None:  # it stays where it was made (``homes.py``)
-            if then is None:
+        row = k.region.y + v.lane(f)
+        live = v.live is None or v.live[q][f]
+        if v.homes is not None:  # it stays on the mesh (``homes.py``)
+            home = v.homes[0][-1][f]
+            if k.op == "sparse_matmul" and home != x:  # a sum, along its lane to its own column
+                self._move(run, q, f, t, x, home, row, v.wave[q] if live else 0)
+            elif then is None:
                 self._at_edge(run, q, f, t)
             else:
                 then(t, 0)
             return
-        row = k.region.y + v.lane(f)
         east = k.region.x + k.region.width - 1
-        live = v.live is None or v.live[q][f]
         sends = (v.wave[q] if rows is None else wavelets(rows, v.dtype, self.hw)) if live else 0
 
         def step(c: int, t: int) -> None:
@@ -393,6 +398,19 @@ class ReferenceMachine:
                     then(t, sends)
                 return
             self.fabric.request((c, row, "E"), t, sends, v.color, lambda g: step(c + 1, g + self.hop))
+
+        step(x, t)
+
+    def _move(self, run: _Run, q: int, f: int, t: int, x: int, home: int, row: int, sends: int) -> None:
+        """Result ``(q, f)``, whole at column ``x`` at ``t``, moves along its lane's row to column
+        ``home`` (``sums.spread_columns``), one link at a time; there it is ready for its readers."""
+        way, by = ("E", 1) if home > x else ("W", -1)
+
+        def step(c: int, t: int) -> None:
+            if c == home:
+                self._at_edge(run, q, f, t)
+                return
+            self.fabric.request((c, row, way), t, sends, run.out.color, lambda g: step(c + by, g + self.hop))
 
         step(x, t)
 

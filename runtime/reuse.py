@@ -37,7 +37,7 @@ REUSE = True
 switch it off (``reuse.REUSE``, read when a clock is made) to check that the reused timings are the
 ones the clock computes."""
 
-SITUATIONS = 8
+SITUATIONS = 16
 """Timings kept per kernel structure: those of the most recently met situations (a program and its
 dense baseline share them for kernels of the same geometry)."""
 
@@ -101,5 +101,8 @@ def moved(k: Kernel, kt: KernelTime, flow: Flow, dt: int, keep: bool = False) ->
     elif keep and waits in inputs:
         waits = inputs.index(waits)
     later = dataclasses.replace(kt, name=k.name, start=kt.start + dt, end=kt.end + dt, waits_on=waits)
-    flow = dataclasses.replace(flow, value=k.name, ready=flow.ready + dt, _departs={}, _shared=flow._shared)
+    own = None if flow.own is None else flow.own + dt
+    flow = dataclasses.replace(
+        flow, value=k.name, ready=flow.ready + dt, own=own, _departs={}, _shared=flow._shared
+    )
     return later, flow

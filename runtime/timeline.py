@@ -82,6 +82,9 @@ class Flow:
     ready: torch.Tensor  # [blocks, features]
     live: torch.Tensor | None = None  # [blocks, features] bool: which messages hold a nonzero
     back: torch.Tensor | None = None  # [features] streaming: kept this many columns west of ``east``
+    # [blocks, features] streaming, a program output: its departures in its own step, where the
+    # stored values that step reads leave through the same ramps (``ramps.output_departs``)
+    own: torch.Tensor | None = None
     _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
 
@@ -129,6 +132,8 @@ class Flow:
     def depart(self, t0: int = 0) -> torch.Tensor:
         """``[blocks, features]``: when each message's head leaves, sent no earlier than ``t0`` (a stored
         value that a streaming-mode kernel reads in its own step is sent again then)."""
+        if self.own is not None and self.ready.numel() and t0 <= int(self.ready.min()):
+            return self.own
         if t0 not in self._departs:
             if self.waits(t0):
                 self._departs[t0] = self._waiting() + t0
