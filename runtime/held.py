@@ -28,10 +28,12 @@ pipelined program streams its values between kernels that run at once, so it kee
     >>> peak = held_peak(p)
     >>> [k.name for k in p.kernels]  # the first linear, the ReLU, the second linear
     ['masked_linear', '_1', 'masked_linear_1']
-    >>> peak.step, peak.values, peak.held  # the first linear's result (64 rows x 8 features x 4 bytes a lane)
-    ('_1', ('masked_linear',), 2048)
-    >>> peak.own  # what the ReLU, spread over 8 columns, keeps on that PE while it runs
-    128
+    >>> from sparsefx.runtime.homes import kept_where
+    >>> x_, y_, nbytes = kept_where(p, p.kernels[0])  # the first linear's result: 8 features a lane,
+    >>> sorted(set(nbytes.tolist())), len(set(zip(x_.tolist(), y_.tolist())))  # one a PE, 64 rows each
+    ([256], 64)
+    >>> peak.step, peak.values, peak.held  # so the busiest PE is the first linear's own, nothing kept
+    ('masked_linear', (), 0)
     >>> peak.total <= p.hardware.sram_bytes
     True
 """

@@ -1,5 +1,5 @@
-"""Values a streaming program keeps between steps take SRAM on their producer's east column; where they
-outgrow it, lowering warns and says what would fit (``runtime/held.py``)."""
+"""Values a streaming program keeps between steps take SRAM where they wait (their producer's PEs, or its
+east column); where they outgrow it, lowering warns and says what would fit (``runtime/held.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import sparsefx
 from sparsefx.models.gpt import GPT, GPTConfig
 from sparsefx.passes.lower.blocks import fits
 from sparsefx.runtime.held import held_peak, kept_beside, lane_bytes
+from sparsefx.runtime.homes import kept_where
 from sparsefx.runtime.mesh import hardware
 
 SMALL = dataclasses.replace(hardware(), sram_bytes=8192)  # a machine with 8 KB a PE
@@ -30,21 +31,23 @@ def test_kept_bytes_are_every_row_of_each_lanes_features() -> None:
     p = sparsefx.lower(_model(), (x,), mesh=(8, 8), mode="streaming")
     relu = next(k for k in p.kernels if k.op == "elementwise")
     assert lane_bytes(relu).tolist() == [64 * 8 * 4] * 8  # 64 features on 8 lanes, fp32
+    first = p.kernels[0]  # a sparse matmul's result: a lane's 8 features on 8 columns, every row
+    x_, y_, nbytes = kept_where(p, first)
+    assert nbytes.tolist() == [64 * 4] * 64 and len(set(zip(x_.tolist(), y_.tolist()))) == 64
     peak = held_peak(p)
-    assert peak is not None and peak.held >= 64 * 8 * 4
-    assert peak.total <= p.hardware.sram_bytes
+    assert peak is not None and peak.total <= p.hardware.sram_bytes
     assert held_peak(sparsefx.lower(_model(), (x,), mesh=(16, 8), mode="pipelined")) is None
 
 
 def test_a_value_that_outgrows_sram_is_a_warning_at_lowering_that_says_what_fits() -> None:
     sm = _model()
     with pytest.warns(UserWarning, match="keeps .* bytes of .* for later steps") as caught:
-        p = sparsefx.lower(sm, (torch.randn(512, 32),), mesh=(8, 8), mode="streaming", hardware=SMALL)
+        p = sparsefx.lower(sm, (torch.randn(2048, 32),), mesh=(8, 8), mode="streaming", hardware=SMALL)
     message = str(caught[0].message)
     assert "8,192 bytes of SRAM" in message and "does not spill" in message
     assert held_peak(p).total > SMALL.sram_bytes
-    fits = int(re.search(r"About ([\d,]+) of its 512 rows would fit", message).group(1).replace(",", ""))
-    assert 0 < fits < 512
+    fits = int(re.search(r"About ([\d,]+) of its 2,048 rows would fit", message).group(1).replace(",", ""))
+    assert 0 < fits < 2048
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the advice holds: no warning
         p = sparsefx.lower(sm, (torch.randn(fits, 32),), mesh=(8, 8), mode="streaming", hardware=SMALL)
