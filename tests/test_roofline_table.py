@@ -62,14 +62,14 @@ def test_every_figure_parses_and_stays_within_its_ideal():
 
 
 def test_a_program_whose_kept_values_overflow_is_named_in_the_last_column():
-    """An 8 KB-a-PE machine and 512 rows: the lowering warns, and the row names the step, the PE and the
-    value kept there; with 32 rows every step fits."""
+    """An 8 KB-a-PE machine and 2,048 rows: the lowering warns, and the row names the step, the PE and
+    the value kept there; with 32 rows every step fits."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     sm = sparsefx.compile(model, 0.9, (torch.randn(4, 32),))
     small = dataclasses.replace(hardware(), sram_bytes=8192)
     with pytest.warns(UserWarning, match="for later steps"):
-        over = sparsefx.lower(sm, (torch.randn(512, 32),), mesh=(8, 8), mode="streaming", hardware=small)
+        over = sparsefx.lower(sm, (torch.randn(2048, 32),), mesh=(8, 8), mode="streaming", hardware=small)
     peak = held_peak(over)
     said = bench._overflow(over)
     assert said is not None and OVERFLOW.match(said), said
