@@ -202,9 +202,15 @@ def crowded(p: ProgramData, own: Mapping[str, torch.Tensor] | None = None) -> li
         y, x = divmod(int(torch.argmax(here)), k.region.width)
         x, y = x + k.region.x, y + k.region.y
         for v, where in kept.items():  # a result kept on its region's east edge does not spread
-            if stays(p, p.kernels[index[v]]) and _keeps(where, x, y):
+            if _spreads(p, p.kernels[index[v]]) and _keeps(where, x, y):
                 out[index[v]] = None
     return sorted(out)
+
+
+def _spreads(p: ProgramData, k: Kernel) -> bool:
+    """Whether more columns spread ``k``'s kept result: one that stays where it is made, or a layout
+    change on one column, which more columns give row tiles (``homes.stays``)."""
+    return stays(p, k) or (k.op == "layout" and k.name not in p.outputs)
 
 
 def _keeps(where: tuple[torch.Tensor, torch.Tensor, torch.Tensor], x: int, y: int) -> bool:

@@ -13,8 +13,8 @@ import torch
 import sparsefx
 from sparsefx.models.gpt import GPT, GPTConfig
 from sparsefx.passes.lower.blocks import fits
-from sparsefx.runtime.held import held_peak, kept_beside, lane_bytes
-from sparsefx.runtime.homes import kept_where
+from sparsefx.runtime.held import crowded, held_peak, kept_beside, lane_bytes
+from sparsefx.runtime.homes import kept_where, stays
 from sparsefx.runtime.mesh import hardware
 
 SMALL = dataclasses.replace(hardware(), sram_bytes=8192)  # a machine with 8 KB a PE
@@ -94,3 +94,19 @@ def test_the_program_summary_shows_the_busiest_pe_with_kept_values() -> None:
     assert "SRAM of the busiest PE with the values kept between steps" in labels
     pipelined = sparsefx.lower(_model(), (x,), mesh=(16, 8), mode="pipelined")
     assert summary(pipelined)["totals"]["kept"] is None
+
+
+def test_a_crowded_pe_widens_the_one_column_layout_whose_result_it_keeps() -> None:
+    """A head split on one column keeps its result there; more columns give it row tiles, which spread
+    that result, so where it crowds a step's PE the lowering widens it too (``held.crowded``)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=4, d_model=64, vocab_size=256, max_seq_len=64)).eval()
+    ids = torch.randint(0, 256, (1, 32))
+    p = sparsefx.lower(sparsefx.compile(model, 0.9, (ids,)), (ids,), mesh=(8, 8), mode="streaming")
+    peak = held_peak(p)
+    index = {k.name: i for i, k in enumerate(p.kernels)}
+    kept = [p.kernels[index[v]] for v in peak.values]
+    split = next(k for k in kept if k.op == "layout")
+    assert split.region.width == 1 and not stays(p, split)  # its result waits on its one column
+    p.hardware = dataclasses.replace(p.hardware, sram_bytes=peak.total - 1)
+    assert index[split.name] in crowded(p)
