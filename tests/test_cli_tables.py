@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -9,14 +11,36 @@ import sys
 
 import pytest
 
+from sparsefx import cli
+
 
 def _cli(*args: str, columns: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    """``sparsefx ARGS``'s stdout, run in this process with no terminal anywhere (stdout, stderr and
+    stdin are buffers), so only ``COLUMNS`` can say a width."""
+    saved = os.environ.pop("COLUMNS", None), os.environ.pop("LINES", None)
     if columns is not None:
-        env["COLUMNS"] = columns
+        os.environ["COLUMNS"] = columns
+    out, stdin = io.StringIO(), sys.stdin
+    try:
+        sys.stdin = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
+            code = cli.main(list(args))
+    finally:
+        sys.stdin = stdin
+        os.environ.pop("COLUMNS", None)
+        for name, value in zip(("COLUMNS", "LINES"), saved):
+            if value is not None:
+                os.environ[name] = value
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+def _piped(*args: str) -> str:
+    """``sparsefx ARGS``'s stdout from a fresh process whose streams are pipes, ``COLUMNS`` unset."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.run(
         [sys.executable, "-m", "sparsefx.cli", *args],
-        stdin=subprocess.DEVNULL,  # no terminal anywhere: only COLUMNS can say a width
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=300,
@@ -86,6 +110,7 @@ def test_piped_output_uses_columns_when_set_and_a_wide_default_otherwise() -> No
     assert max(len(line) for line in narrow.splitlines()) <= 60
     default = _cli("validate", "0.9", "--model", "gpt-tiny", columns=None)
     assert max(len(line) for line in default.splitlines()) > 80  # not rich's 80 when nothing is known
+    assert _piped("validate", "0.9", "--model", "gpt-tiny") == default  # and so in a real pipe
 
 
 def test_output_width_prefers_columns_then_a_terminal_then_the_wide_default(
