@@ -1,13 +1,18 @@
-"""The ``sparsefx`` command, run as a subprocess the way users run it.
+"""The ``sparsefx`` command, run the way users run it.
 
-Every subprocess imports torch (about 3 s), so the commands are started together once per module;
-checks that need no fresh process (``--debug`` tracebacks, exit codes 1 and 130) call ``cli.main``.
+Every subprocess imports torch (about 3 s), so the demo and one error run in fresh processes, started
+together once per module; the other commands run through ``cli.main`` in this process with their
+streams as buffers (no terminal), as do checks that need no fresh process (``--debug`` tracebacks,
+exit codes 1 and 130).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -35,10 +40,12 @@ ERRORS = {
     "missing-file": ["validate", "{tmp}/missing.yaml", "--model", "mlp"],
 }
 
-COMMANDS = {  # in fresh processes; the error cases but one, and the JSON form, run in this one
+COMMANDS = {  # in this process
     "validate-float": ["validate", "0.9", "--model", "mlp"],
     "validate-yaml": ["--log-level", "DEBUG", "validate", "{tmp}/patterns.yaml", "--model", "mlp"],
     "inspect-table": ["inspect", "--model", "mlp", "--config", "0.9", "--graph"],
+}
+FRESH = {  # in fresh processes
     "demo": ["demo", "--steps", "5"],
     "error-bad-level": ERRORS["bad-level"],
 }
@@ -47,7 +54,8 @@ INSPECT_JSON = ["inspect", "--model", "mlp", "--config", "0.9", "--format", "jso
 
 @pytest.fixture(scope="module")
 def results(config_dir: Path) -> dict[str, subprocess.CompletedProcess]:
-    """Run every command in ``COMMANDS`` concurrently, in a fresh ``python -m sparsefx.cli`` each."""
+    """Run every command in ``FRESH`` concurrently, in a fresh ``python -m sparsefx.cli`` each, and
+    those in ``COMMANDS`` in this process meanwhile."""
     tmp = config_dir
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS")}
     env.update(NO_COLOR="1", OMP_NUM_THREADS="1")  # one thread each: the processes share the cores
@@ -60,9 +68,9 @@ def results(config_dir: Path) -> dict[str, subprocess.CompletedProcess]:
             cwd=tmp,
             env=env,
         )
-        for name, argv in COMMANDS.items()
+        for name, argv in FRESH.items()
     }
-    done = {}
+    done = {name: _in_process(_argv(argv, tmp), tmp) for name, argv in COMMANDS.items()}
     for name, proc in running.items():
         out, err = proc.communicate(timeout=300)
         done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -74,6 +82,25 @@ def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "patterns.yaml").write_text(PATTERNS_YAML)
     return tmp
+
+
+def _in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``sparsefx ARGV`` through ``cli.main`` in ``cwd``, without color, its streams buffers."""
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    saved = {k: os.environ.pop(k, None) for k in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR")}
+    os.environ["NO_COLOR"] = "1"
+    log = logging.getLogger("sparsefx")
+    kept = log.handlers[:], log.level, log.propagate  # cli.main sets them for its own run
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+    finally:
+        os.chdir(here)
+        log.handlers[:], log.level, log.propagate = kept
+        os.environ.pop("NO_COLOR")
+        os.environ.update({k: v for k, v in saved.items() if v is not None})
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def _argv(argv: list[str], tmp: Path) -> list[str]:

@@ -66,14 +66,8 @@ def test_reference_matches_pytorch_and_the_fast_executor(built, name, mesh, mode
     assert ref.stats.dense is not None and ref.stats.dense.ideal > 1
 
 
-@pytest.mark.parametrize(
-    "mesh, mode, placement",
-    [
-        ((16, 16), "streaming", "balanced"),
-        ((16, 16), "streaming", "block"),
-        ((96, 16), "pipelined", "balanced"),
-        ((96, 16), "pipelined", "block"),
-    ],
+@pytest.mark.parametrize(  # balanced placement: the cache test below, in both modes
+    "mesh, mode, placement", [((16, 16), "streaming", "block"), ((96, 16), "pipelined", "block")]
 )
 def test_reference_runs_hugging_face_gpt2(mesh, mode, placement):
     transformers = pytest.importorskip("transformers")
@@ -99,7 +93,8 @@ def test_both_executors_run_gpt2_with_its_cache(monkeypatch, mode, mesh):
     empty = [k for k in program.kernels if any(0 in program.value(v).shape for v in k.inputs)]
     assert empty  # the cache's concatenations are in the program
     fast, ref = _agree(program, (ids,))
-    assert torch.allclose(fast.outputs.logits, sm.eval()(ids).logits, rtol=1e-4, atol=1e-5)
+    for run in (fast, ref):
+        assert torch.allclose(run.outputs.logits, sm.eval()(ids).logits, rtol=1e-4, atol=1e-5)
     for stats in (fast.stats, ref.stats):  # the empty cache's constants end at their start, not at 0
         assert all(k.start <= k.end for k in stats.kernels)
     reused = sparsefx.run(program, (ids,)).stats.to_json()  # every kernel's timing kept from the first run
