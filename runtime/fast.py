@@ -698,7 +698,7 @@ class FastClock:
         moving = (home != last).nonzero().squeeze(1)
         if not len(moving) or not ready.numel():
             return ready
-        out_f, width = len(home), k.region.width
+        out_f = len(home)
         lane, _ = lane_rank(lane_bounds(out_f, kernel_lanes(k, out_f)), torch.arange(out_f))
         link = (lane * 2 + (home > last).to(torch.int64))[moving]
         blocks = ready.shape[0]
