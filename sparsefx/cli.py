@@ -61,9 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), None, debug=False, code=2)
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else 0
-    _setup_logging(args.log_level)
     try:
-        with _warnings_to_log(), _current_folder_first():
+        with _logging(args.log_level), _warnings_to_log(), _current_folder_first():
             return args.handler(args)
     except SparseFXError as exc:
         return _fail(str(exc), exc, debug=args.debug, code=2)
@@ -124,13 +123,21 @@ class _OneLineFormatter(logging.Formatter):
         return f"sparsefx: {record.levelname.lower()}: {text}"
 
 
-def _setup_logging(level: str) -> None:
-    """Log ``sparsefx.*`` to stderr at ``level``, one line a record."""
+@contextlib.contextmanager
+def _logging(level: str) -> Iterator[None]:
+    """Log ``sparsefx.*`` to stderr at ``level``, one line a record, while a command runs; the logger
+    is as it was afterwards, so a caller that runs ``main`` in its own process keeps its logging."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLineFormatter())
+    kept = logger.handlers[:], logger.level, logger.propagate
     logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.handlers[:], logger.propagate = kept[0], kept[2]
+        logger.setLevel(kept[1])
 
 
 @contextlib.contextmanager

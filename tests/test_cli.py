@@ -89,15 +89,12 @@ def _in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
     saved = {k: os.environ.pop(k, None) for k in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR")}
     os.environ["NO_COLOR"] = "1"
-    log = logging.getLogger("sparsefx")
-    kept = log.handlers[:], log.level, log.propagate  # cli.main sets them for its own run
     try:
         os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(argv)
     finally:
         os.chdir(here)
-        log.handlers[:], log.level, log.propagate = kept
         os.environ.pop("NO_COLOR")
         os.environ.update({k: v for k, v in saved.items() if v is not None})
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
@@ -316,3 +313,14 @@ def test_demo_fails_when_the_emulated_outputs_differ(monkeypatch, tmp_path) -> N
     with pytest.raises(VerifyError, match="emulated outputs differ from the model's"):
         run_demo("mlp", sparsity=0.5, steps=0, console=quiet, out=tmp_path / "demo")
     assert not (tmp_path / "demo").exists()  # nothing written for a failed check
+
+
+def test_main_leaves_the_callers_logging_as_it_was(capsys) -> None:
+    """A notebook or test that runs ``cli.main`` keeps its own ``sparsefx`` logger afterwards."""
+    log = logging.getLogger("sparsefx")
+    before = log.handlers[:], log.level, log.propagate
+    assert cli.main(["--log-level", "DEBUG", "validate", "0.9", "--model", "mlp"]) == 0
+    assert (log.handlers[:], log.level, log.propagate) == before
+    assert cli.main(["validate", "1.5", "--model", "mlp"]) == 2  # and after an error
+    assert (log.handlers[:], log.level, log.propagate) == before
+    capsys.readouterr()

@@ -160,8 +160,10 @@ def test_failed_shapes_make_a_partial_count(caplog: pytest.LogCaptureFixture) ->
     assert report.uncounted == (fc2,)
     assert report.partial is not None and "NotImplementedError" in report.partial
     assert report.dense_forward == 2 * 2 * 8 * 16  # fc1 only
-    assert any("partial" in r.message and fc2 in r.message and "NotImplementedError" in r.message
-               for r in caplog.records)
+    assert any(
+        "partial" in r.message and fc2 in r.message and "NotImplementedError" in r.message
+        for r in caplog.records
+    )
 
 
 def test_full_count_is_not_partial() -> None:
