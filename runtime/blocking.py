@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from .program import Kernel
+from .program import Kernel, lane_bounds
 from .timeline import Flow
 
 
@@ -39,6 +39,12 @@ def lane_rank(bounds: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, 
 def kernel_lanes(kernel: Kernel, features: int) -> int:
     given = kernel.attrs.get("lanes", kernel.region.height)
     return max(1, min(int(given), features, kernel.region.height))
+
+
+def feature_lanes(kernel: Kernel, features: int) -> torch.Tensor:
+    """``[features]``: the lane of ``kernel`` each of its ``features`` travels on (``kernel_lanes``)."""
+    bounds = lane_bounds(features, kernel_lanes(kernel, features))
+    return lane_rank(bounds, torch.arange(features))[0]
 
 
 def wave_runs(wave: torch.Tensor, step: int) -> list[tuple[int, int, int]]:

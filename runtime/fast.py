@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from .arrivals import arrivals_at
 from .blocking import (
     block_sizes,
     blocked,
+    feature_lanes,
     fits,
     kernel_lanes,
     lane_rank,
@@ -292,7 +293,7 @@ class FastClock:
         of a row (``ramps.shared_departs``), by value; a value that meets none is not in it."""
         if not self.streaming:
             return {}
-        stored = [v for v in dict.fromkeys(values) if self.flows[v].east >= 0 and self.flows[v].features > 0]
+        stored = self._stored(values)
         if len(stored) < 2:
             return {}
         through = kernel.region.width > 1  # messages go on east of column 0
@@ -311,6 +312,10 @@ class FastClock:
                 departs = shared_departs(flows, rows0, self.t0, self.hw.hop_cycles, through)
                 out.update(zip(group, departs))
         return out
+
+    def _stored(self, values: Iterable[str]) -> list[str]:
+        """``values``, each once in order, that are stored on the mesh with something to send."""
+        return [v for v in dict.fromkeys(values) if self.flows[v].east >= 0 and self.flows[v].features > 0]
 
     def _departs(self, flow: Flow, shared: torch.Tensor | None) -> torch.Tensor:
         """``[blocks, features]``: when each message of ``flow`` leaves for the kernel being timed:
@@ -465,8 +470,7 @@ class FastClock:
     def _output_departs(self, k: Kernel, flow: Flow) -> torch.Tensor | None:
         """``ramps.output_departs``: program output ``flow`` leaving ``k``'s east column beside the
         stored values ``k``'s step sends again from there (None: none is)."""
-        flows = self.flows
-        values = [v for v in dict.fromkeys(k.inputs) if flows[v].east >= 0 and flows[v].features > 0]
+        values = self._stored(k.inputs)
         shared = self._shared_departs(values, k)
         sent = [(self.flows[v], self._departs(self.flows[v], shared.get(v)), self.row0(v)) for v in values]
         east = k.region.x + k.region.width - 1
@@ -699,7 +703,7 @@ class FastClock:
         if not len(moving) or not ready.numel():
             return ready
         out_f = len(home)
-        lane, _ = lane_rank(lane_bounds(out_f, kernel_lanes(k, out_f)), torch.arange(out_f))
+        lane = feature_lanes(k, out_f)
         link = (lane * 2 + (home > last).to(torch.int64))[moving]
         blocks = ready.shape[0]
         cost = wave[:, None].expand(blocks, len(moving))

@@ -39,16 +39,17 @@ from __future__ import annotations
 
 import torch
 
-from .blocking import block_sizes, kernel_lanes, lane_rank
+from .blocking import block_sizes, feature_lanes, kernel_lanes
 from .cost import block_rows, features_of, rows_of
 from .layout import layout
 from .memo import kept_for
 from .memory import itemsize
-from .program import Kernel, ProgramData, lane_bounds
+from .program import Kernel, ProgramData
 from .sums import CONV, EAST, last_columns, spread_columns, stays
 from .tiles import tile_place, tile_rows
 
 __all__ = ["EAST", "CONV", "stays", "sums", "shares", "back", "kept_where"]
+
 
 def sums(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
     """``(last, home)``, ``[outputs]`` each: the column of sparse matmul ``k``'s region where each
@@ -70,8 +71,7 @@ def shares(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor,
     is one tile: each output on its own column (``sums``), every row of it."""
     sizes = block_sizes(rows_of(k.shape), block_rows(k))
     if k.op == "sparse_matmul":
-        f = features_of(k.shape)
-        lane, _ = lane_rank(lane_bounds(f, kernel_lanes(k, f)), torch.arange(f))
+        lane = feature_lanes(k, features_of(k.shape))
         return k.region.x + sums(program, k)[1][None, :], k.region.y + lane, sizes[None, :]
     px, py, _ = tile_place(k, features_of(k.shape))
     return px, py, tile_rows(sizes, px.shape[0])

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .blocking import kernel_lanes, lane_rank
+from .blocking import feature_lanes
 from .encoding import row_index_dtype
 from .memo import kept_for
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
@@ -151,7 +151,7 @@ def bias_pes(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     bias, on the output's lane: where its sum ends (``sums.last_columns``) if its result stays there
     (``sums.stays``), else on the region's east column."""
     r, out_f = kernel.region, int(kernel.attrs["out_features"])
-    lane, _ = lane_rank(lane_bounds(out_f, kernel_lanes(kernel, out_f)), torch.arange(out_f))
+    lane = feature_lanes(kernel, out_f)
     if stays(program, kernel):
         lo = program.array(kernel, "out_lo").to(torch.int64)
         col = last_columns(lo, program.array(kernel, "out_hi").to(torch.int64) - lo, r.width, out_f)

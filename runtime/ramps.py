@@ -30,6 +30,7 @@ from .timeline import Flow
 
 __all__ = ["shared_departs", "links_of", "output_departs"]
 
+
 def shared_departs(
     flows: list[Flow], rows0: list[int], t0: int, hop: int = 1, through: bool = False
 ) -> list[torch.Tensor]:
