@@ -112,3 +112,39 @@ def benchmark_module(script: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def cli_in_process(argv: list[str], env: dict[str, str | None], cwd: Any = None) -> Any:
+    """``sparsefx ARGV`` through ``cli.main`` in this process, as a fresh process without a terminal
+    would run it: stdin, stdout and stderr are buffers, ``env`` sets (a string) or unsets (None)
+    variables, in folder ``cwd`` if given. All is as it was afterwards. A ``CompletedProcess``."""
+    import contextlib
+    import io
+    import subprocess
+    import sys
+
+    from sparsefx import cli
+
+    saved, here, stdin = {k: os.environ.get(k) for k in env}, os.getcwd(), sys.stdin
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        _set_env(env)
+        sys.stdin = io.StringIO()
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+    finally:
+        os.chdir(here)
+        sys.stdin = stdin
+        _set_env(saved)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    """Set each variable to its string, or unset it where None."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -8,9 +8,7 @@ exit codes 1 and 130).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import logging
 import os
@@ -22,6 +20,7 @@ import pytest
 import torch
 
 import sparsefx
+from conftest import cli_in_process
 from sparsefx import cli
 from sparsefx.commands import validate
 from sparsefx.models.registry import build_model
@@ -70,7 +69,8 @@ def results(config_dir: Path) -> dict[str, subprocess.CompletedProcess]:
         )
         for name, argv in FRESH.items()
     }
-    done = {name: _in_process(_argv(argv, tmp), tmp) for name, argv in COMMANDS.items()}
+    plain = dict.fromkeys(("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS")) | {"NO_COLOR": "1"}
+    done = {name: cli_in_process(_argv(argv, tmp), plain, tmp) for name, argv in COMMANDS.items()}
     for name, proc in running.items():
         out, err = proc.communicate(timeout=300)
         done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -82,22 +82,6 @@ def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("cli")
     (tmp / "patterns.yaml").write_text(PATTERNS_YAML)
     return tmp
-
-
-def _in_process(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``sparsefx ARGV`` through ``cli.main`` in ``cwd``, without color, its streams buffers."""
-    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
-    saved = {k: os.environ.pop(k, None) for k in ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR")}
-    os.environ["NO_COLOR"] = "1"
-    try:
-        os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli.main(argv)
-    finally:
-        os.chdir(here)
-        os.environ.pop("NO_COLOR")
-        os.environ.update({k: v for k, v in saved.items() if v is not None})
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def _argv(argv: list[str], tmp: Path) -> list[str]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import subprocess
@@ -11,28 +9,15 @@ import sys
 
 import pytest
 
-from sparsefx import cli
+from conftest import cli_in_process
 
 
 def _cli(*args: str, columns: str | None) -> str:
     """``sparsefx ARGS``'s stdout, run in this process with no terminal anywhere (stdout, stderr and
     stdin are buffers), so only ``COLUMNS`` can say a width."""
-    saved = os.environ.pop("COLUMNS", None), os.environ.pop("LINES", None)
-    if columns is not None:
-        os.environ["COLUMNS"] = columns
-    out, stdin = io.StringIO(), sys.stdin
-    try:
-        sys.stdin = io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
-            code = cli.main(list(args))
-    finally:
-        sys.stdin = stdin
-        os.environ.pop("COLUMNS", None)
-        for name, value in zip(("COLUMNS", "LINES"), saved):
-            if value is not None:
-                os.environ[name] = value
-    assert code == 0, err.getvalue()
-    return out.getvalue()
+    result = cli_in_process(list(args), {"COLUMNS": columns, "LINES": None})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def _piped(*args: str) -> str:
