@@ -37,7 +37,7 @@ from .memory import itemsize
 from .program import Kernel, ProgramData, lane_bounds
 from .sparse_eval import read_slices
 
-__all__ = ["Layout", "layout", "weight_bytes", "sparse_bytes", "dense_layout", "balanced_ones"]
+__all__ = ["Layout", "layout", "weight_bytes", "sparse_bytes", "dense_layout", "balanced_ones", "row_cuts"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | 
     ptr = torch.zeros((width, in_f + 1), dtype=torch.int64)
     torch.cumsum(count, 1, out=ptr[:, 1:])
     total = ptr[:, -1]
-    cuts = _row_cuts(ptr, total, in_f, height, drift)
+    cuts = row_cuts(ptr, total, in_f, height, drift)
     starts = torch.cat([torch.zeros((width, 1), dtype=torch.int64), cuts], 1)  # [width, height]
     ends = torch.cat([cuts, total[:, None]], 1)
     lo = torch.searchsorted(ptr, starts, right=True) - 1
@@ -120,12 +120,12 @@ def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | 
     return Layout(in_f, out_f, in_lo, in_hi, out_lo, torch.where(full, out_hi - out_lo, 0), counts)
 
 
-def _row_cuts(
+def row_cuts(
     ptr: torch.Tensor, total: torch.Tensor, in_f: int, height: int, drift: int | None
 ) -> torch.Tensor:
     """``[width, height - 1]`` cuts of each column's run into rows, counted from the column's start:
     equal runs, or with ``drift`` row by row, each evening out the rest within ``drift`` inputs of its
-    lane's boundary (``place_balanced._rows``)."""
+    lane's boundary (``place_balanced._bounds``)."""
     r = torch.arange(1, height)
     if drift is None:
         return r[None, :] * total[:, None] // height

@@ -29,6 +29,8 @@ import torch
 from sparsefx.runtime.encoding import row_index_dtype
 from sparsefx.runtime.program import lane_bounds
 
+from . import place_loops
+
 __all__ = ["place_balanced"]
 
 
@@ -41,7 +43,16 @@ def place_balanced(
     weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, drift: int | None = None
 ) -> dict[str, torch.Tensor]:
     """The per-PE CSC arrays of the balanced placement (see the module docstring); ``drift`` holds each
-    row cut within that many input features of its lane's boundary."""
+    row cut within that many input features of its lane's boundary. Where numba is installed the
+    compiled passes of ``place_loops.py`` give the same arrays."""
+    compiled = place_loops.place(weight, mask, width, height, drift)
+    return compiled if compiled is not None else _tensor_form(weight, mask, width, height, drift)
+
+
+def _tensor_form(
+    weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, drift: int | None
+) -> dict[str, torch.Tensor]:
+    """``place_balanced`` in tensor operations: the nonzeros sorted by column and input, cut into runs."""
     out_features, in_features = weight.shape
     pes = width * height
     flat, column, key = _by_column(mask, width)

@@ -1,0 +1,200 @@
+"""The balanced placement (``place_balanced.py``) as compiled passes, where numba is installed.
+
+The tensor form sorts every nonzero by (region column, input, output), gathers the result into PE
+order and reduces each PE's run: some fifteen passes over the nonzeros, about a second for GPT-2
+small's LM head at 90% (3.9 million nonzeros), placed a dozen times while the lowering searches its
+width. Counting gives the same order without a sort. One pass lists the mask's nonzeros in output
+order (kept for the next width); one counts each region column's nonzeros of each input (a nonzero's
+column follows from its place in output order, as the first cut has it), and the running counts give
+each (column, input) run its start and the row cuts (``runtime.layout.row_cuts``, the rule
+``place_balanced`` follows); one drops every nonzero, with its value, into its run in output order,
+which is the stable sort's tie rule; two walk each PE's run, for its ranges and then for its column
+offsets, row indices and values. The arrays are the tensor form's, bit for bit
+(``tests/test_place_loops.py``). ``place`` returns None where the loops do not run
+(``runtime.compiled.available``: numba missing, ``SPARSEFX_NUMBA=0``, or tensors off the CPU)::
+
+    >>> w = torch.tensor([[1.0, 2.0], [3.0, 0.0], [4.0, 5.0]])
+    >>> a = place(w, w != 0, width=1, height=2)
+    >>> a is None or (a["in_lo"].tolist(), a["in_hi"].tolist()) == ([0, 0], [1, 2])  # numba or not
+    True
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+from sparsefx.runtime.compiled import available
+from sparsefx.runtime.encoding import row_index_dtype
+from sparsefx.runtime.layout import row_cuts
+
+__all__ = ["place"]
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # values move as raw bits
+
+
+def place(
+    weight: torch.Tensor, mask: torch.Tensor, width: int, height: int, drift: int | None = None
+) -> dict[str, torch.Tensor] | None:
+    """``place_balanced``'s arrays from the compiled passes (module docstring); None where they do not run."""
+    if not available(weight, mask) or weight.element_size() not in _BITS:
+        return None
+    loops = _loops()
+    in_features = mask.shape[1]
+    pes = width * height
+    i, j = _nonzeros(mask)
+    nnz = len(i)
+    counts = torch.zeros(width * in_features, dtype=torch.int64)
+    loops["count"](j, width, in_features, counts.numpy())
+    ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
+    torch.cumsum(counts.view(width, in_features), 1, out=ptr[:, 1:])
+    total = ptr[:, -1]
+    column_start = torch.cumsum(total, 0) - total
+    cuts = row_cuts(ptr, total, in_features, height, drift)
+    zero = torch.zeros((width, 1), dtype=torch.int64)
+    bounds = column_start[:, None] + torch.cat([zero, cuts, total[:, None]], 1)  # [width, height + 1]
+    per_pe = bounds.diff(dim=1).t().reshape(-1)  # PE (c, r) is r * width + c
+    nz_ptr = torch.zeros(pes + 1, dtype=torch.int64)
+    torch.cumsum(per_pe, 0, out=nz_ptr[1:])
+    cursor = (column_start[:, None] + ptr[:, :-1]).reshape(-1)  # where each (column, input) run starts
+    bits = weight.detach().contiguous().view(_BITS[weight.element_size()]).reshape(-1).numpy()
+    si, sj, sv = np.empty(nnz, np.int64), np.empty(nnz, np.int64), np.empty(nnz, bits.dtype)
+    loops["scatter"](i, j, width, in_features, cursor.numpy(), bits, si, sj, sv)
+    ranges = np.zeros((4, pes), np.int64)  # in_lo, in_hi, out_lo, out_hi
+    loops["ranges"](si, sj, bounds.numpy(), width, ranges)
+    in_lo, in_hi, out_lo, out_hi = torch.from_numpy(ranges)
+    col_ptr_off = torch.zeros(pes + 1, dtype=torch.int64)
+    torch.cumsum(in_hi - in_lo + 1, 0, out=col_ptr_off[1:])  # each PE's offsets: span + 1
+    values = np.empty(nnz, bits.dtype)
+    row_idx = torch.empty(nnz, dtype=torch.int64)
+    col_ptr = torch.zeros(int(col_ptr_off[-1]), dtype=torch.int64)
+    loops["fill"](
+        si, sj, sv, bounds.numpy(), width, ranges, col_ptr_off.numpy(), nz_ptr.numpy(),
+        values, row_idx.numpy(), col_ptr.numpy(),
+    )  # fmt: skip
+    return {
+        "out_lo": out_lo.to(torch.int32),
+        "out_hi": out_hi.to(torch.int32),
+        "in_lo": in_lo.to(torch.int32),
+        "in_hi": in_hi.to(torch.int32),
+        "nz_ptr": nz_ptr,
+        "col_ptr_off": col_ptr_off,
+        "col_ptr": col_ptr.to(torch.int32),
+        "row_idx": row_idx.to(row_index_dtype(out_hi - out_lo)),
+        "values": torch.from_numpy(values).view(weight.dtype),
+    }
+
+
+_LAST: list = []  # the last mask's nonzeros: (weak ref to the mask, its version, (outputs, inputs))
+
+
+def _nonzeros(mask: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Output and input of each nonzero of ``mask``, in output order. The tuner places one kernel at
+    several widths in a row, so the last mask's are kept."""
+    if _LAST and _LAST[0]() is mask and _LAST[1] == mask._version:
+        return _LAST[2]
+    m = mask.contiguous().numpy()
+    n = int(np.count_nonzero(m))
+    i, j = np.empty(n, np.int64), np.empty(n, np.int64)
+    _loops()["nonzeros"](m, i, j)
+    _LAST[:] = [weakref.ref(mask), mask._version, (i, j)]
+    return i, j
+
+
+_LOOPS: dict[str, object] = {}
+
+
+def _loops() -> dict[str, object]:
+    """The passes, compiled on first use (numba caches the machine code for later processes)."""
+    if not _LOOPS:
+        import numba
+
+        jit = numba.njit(cache=True, nogil=True)
+        _LOOPS.update(nonzeros=jit(_nonzeros_loop), count=jit(_count_loop), scatter=jit(_scatter_loop))
+        _LOOPS.update(ranges=jit(_ranges_loop), fill=jit(_fill_loop))
+    return _LOOPS
+
+
+# -- the passes (plain Python until ``_loops`` compiles them) ------------------------------------------
+
+
+def _nonzeros_loop(mask, si, sj):  # pragma: no cover - runs compiled
+    """Each nonzero's output and input, in output order."""
+    rows, cols = mask.shape
+    n = 0
+    for i in range(rows):
+        for j in range(cols):
+            if mask[i, j]:
+                si[n] = i
+                sj[n] = j
+                n += 1
+
+
+def _count_loop(sj, width, cols, counts):  # pragma: no cover - runs compiled
+    """``counts[c * cols + j]``: nonzeros of input ``j`` in region column ``c`` (the ``c``-th of ``width``
+    equal runs of the nonzeros in output order)."""
+    nnz = len(sj)
+    c, nxt = 0, nnz // width
+    for p in range(nnz):
+        while p >= nxt:
+            c += 1
+            nxt = (c + 1) * nnz // width
+        counts[c * cols + sj[p]] += 1
+
+
+def _scatter_loop(oi, oj, width, cols, cursor, bits, si, sj, sv):  # pragma: no cover - runs compiled
+    """Each nonzero's output, input and value at its place in (column, input, output) order: ``cursor``
+    holds where each (column, input) run starts and moves on as the run fills, output by output."""
+    nnz = len(oi)
+    c, nxt = 0, nnz // width
+    for p in range(nnz):
+        while p >= nxt:
+            c += 1
+            nxt = (c + 1) * nnz // width
+        i, j = oi[p], oj[p]
+        at = cursor[c * cols + j]
+        cursor[c * cols + j] = at + 1
+        si[at] = i
+        sj[at] = j
+        sv[at] = bits[i * cols + j]
+
+
+def _ranges_loop(si, sj, bounds, width, ranges):  # pragma: no cover - runs compiled
+    """Per PE (row-major in the region): input range (its run ascends by input) and output range; an
+    empty PE keeps ranges of 0. Walked column by column, as the runs lie."""
+    cols, height = bounds.shape[0], bounds.shape[1] - 1
+    for c in range(cols):
+        for r in range(height):
+            lo, hi = bounds[c, r], bounds[c, r + 1]
+            if hi > lo:
+                pe = r * width + c
+                ranges[0, pe] = sj[lo]
+                ranges[1, pe] = sj[hi - 1] + 1
+                o_lo, o_hi = si[lo], si[lo]
+                for k in range(lo + 1, hi):
+                    o_lo = min(o_lo, si[k])
+                    o_hi = max(o_hi, si[k])
+                ranges[2, pe] = o_lo
+                ranges[3, pe] = o_hi + 1
+
+
+def _fill_loop(
+    si, sj, sv, bounds, width, ranges, col_ptr_off, nz_ptr, values, row_idx, col_ptr
+):  # pragma: no cover - runs compiled
+    """Each PE's nonzeros in its run's order: value, row index from its ``out_lo``, and its column
+    offsets (``col_ptr[off + t]``: its nonzeros of inputs below ``in_lo + t``)."""
+    cols, height = bounds.shape[0], bounds.shape[1] - 1
+    for c in range(cols):
+        for r in range(height):
+            pe = r * width + c
+            lo, hi = bounds[c, r], bounds[c, r + 1]
+            at, off = nz_ptr[pe] - lo, col_ptr_off[pe]
+            in_lo, out_lo = ranges[0, pe], ranges[2, pe]
+            for k in range(lo, hi):
+                values[at + k] = sv[k]
+                row_idx[at + k] = si[k] - out_lo
+                col_ptr[off + 1 + sj[k] - in_lo] += 1
+            for t in range(off + 1, col_ptr_off[pe + 1]):
+                col_ptr[t] += col_ptr[t - 1]

@@ -1,0 +1,56 @@
+"""The compiled balanced placement (``passes/lower/place_loops.py``) gives the tensor form's arrays, bit
+for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparsefx.passes.lower import place_balanced as pb
+from sparsefx.passes.lower import place_loops
+
+pytest.importorskip("numba")
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert list(a) == list(b)
+    for role in a:
+        assert a[role].dtype == b[role].dtype, role
+        assert torch.equal(a[role], b[role]), role
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_masks_place_as_the_tensor_form(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    out, inp = (int(torch.randint(1, 90, (1,), generator=g)) for _ in range(2))
+    width, height = (int(torch.randint(1, 20, (1,), generator=g)) for _ in range(2))
+    keep = [0.0, 0.01, 0.1, 0.5, 1.0][seed % 5]
+    mask = torch.rand(out, inp, generator=g) < keep
+    if seed % 7 == 3:  # empty rows and columns, and a single nonzero
+        mask[:, : inp // 2] = False
+        mask[out // 3 :] = False
+    if seed % 11 == 4:
+        mask = torch.zeros(out, inp, dtype=torch.bool)
+        mask[out // 2, inp // 2] = True
+    dtype = [torch.float32, torch.float16, torch.bfloat16, torch.float64][seed % 4]
+    weight = torch.randn(out, inp, generator=g).to(dtype)
+    drift = [None, 0, 3, 16][seed % 4]
+    got = place_loops.place(weight, mask, width, height, drift)
+    assert got is not None
+    _same(got, pb._tensor_form(weight, mask, width, height, drift))
+
+
+def test_long_spans_and_a_non_contiguous_weight() -> None:
+    g = torch.Generator().manual_seed(1)
+    mask = torch.rand(70000, 6, generator=g) < 0.9  # one PE spans past 2**15 outputs: int32 row indices
+    weight = torch.randn(6, 70000, generator=g).t()
+    got = place_loops.place(weight, mask, 1, 2, None)
+    assert got is not None and got["row_idx"].dtype == torch.int32
+    _same(got, pb._tensor_form(weight, mask, 1, 2, None))
+
+
+def test_the_tensor_form_answers_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARSEFX_NUMBA", "0")
+    w = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
+    assert place_loops.place(w, w != 0, 1, 1) is None
+    assert pb.place_balanced(w, w != 0, 1, 1)["values"].tolist() == [1.0, 3.0, 2.0]
