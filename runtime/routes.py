@@ -19,8 +19,10 @@ from the host; one whose ``tx_last`` points off the mesh sends to the host.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from .compiled import available
 from .mesh import Dir, MeshSpec
 
 __all__ = ["RUN_FIELDS", "run", "expand", "run_pes"]
@@ -72,8 +74,11 @@ def run_pes(runs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def expand(runs: torch.Tensor, mesh: MeshSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(pe index, rx bits, tx bits)`` per PE on the runs; PEs off the mesh get index -1."""
-    runs64 = runs.to(torch.int64).reshape(-1, len(RUN_FIELDS))
+    """``(pe index, rx bits, tx bits)`` per PE on the runs; PEs off the mesh get index -1. Where numba is
+    installed, one compiled pass over the runs writes them (a verifier expands millions of entries)."""
+    runs64 = runs.to(torch.int64).reshape(-1, len(RUN_FIELDS)).contiguous()
+    if available(runs64):
+        return _expand_compiled(runs64, mesh)
     x, y, which, pos = run_pes(runs64)
     r = runs64[which]
     d, length = r[:, 2], r[:, 3]
@@ -85,3 +90,56 @@ def expand(runs: torch.Tensor, mesh: MeshSpec) -> tuple[torch.Tensor, torch.Tens
     on = (x >= 0) & (x < mesh.width) & (y >= 0) & (y < mesh.height)
     pe = torch.where(on, y * mesh.width + x, torch.full_like(x, -1))
     return pe, rx, tx
+
+
+def _luts() -> np.ndarray:
+    """``[3, 32]``: one hop's ``dx``, ``dy`` and the opposite port of each port bit pattern (0 elsewhere)."""
+    out = np.zeros((3, 32), np.int64)
+    for row, table in enumerate((_DX, _DY, _OPP)):
+        for key, value in table.items():
+            out[row, key] = value
+    return out
+
+
+def _expand_compiled(runs: torch.Tensor, mesh: MeshSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lengths = runs[:, 3].clamp(min=0)
+    starts = torch.zeros(len(runs) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=starts[1:])
+    out = torch.empty((3, int(starts[-1])), dtype=torch.int64)
+    _expand_loop()(runs.numpy(), starts.numpy(), _luts(), mesh.width, mesh.height, out.numpy())
+    return out[0], out[1], out[2]
+
+
+_LOOP: list = []
+
+
+def _expand_loop():
+    """The expansion loop, compiled on first use (numba caches the machine code for later processes)."""
+    if not _LOOP:
+        import numba
+
+        _LOOP.append(numba.njit(cache=True, nogil=True)(_expand_runs))
+    return _LOOP[0]
+
+
+def _expand_runs(runs, starts, luts, width, height, out):  # pragma: no cover - runs compiled
+    """``expand``'s rule, run by run: ``out[0]`` the PE (-1 off the mesh), ``out[1]`` rx, ``out[2]`` tx."""
+    ramp = 16
+    for r in range(runs.shape[0]):
+        x0, y0, d, length = runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3]
+        known = 0 <= d < luts.shape[1]
+        dx = luts[0, d] if known else 0
+        dy = luts[1, d] if known else 0
+        back = luts[2, d] if known else 0
+        at = starts[r]
+        for pos in range(max(length, 0)):
+            x, y = x0 + dx * pos, y0 + dy * pos
+            rx = runs[r, 4] if pos == 0 else back
+            if runs[r, 8] <= pos < runs[r, 9]:
+                rx |= ramp
+            tx = runs[r, 5] if pos == length - 1 else d
+            if runs[r, 6] <= pos < runs[r, 7]:
+                tx |= ramp
+            out[0, at + pos] = y * width + x if 0 <= x < width and 0 <= y < height else -1
+            out[1, at + pos] = rx
+            out[2, at + pos] = tx
