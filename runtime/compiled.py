@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ import torch
 __all__ = [
     "arrivals_at",
     "available",
+    "lazy",
     "busiest_rows",
     "column_sums",
     "fifo",
@@ -59,6 +61,21 @@ def available(*tensors: torch.Tensor) -> bool:
         and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
         and all(t.device.type == "cpu" for t in tensors)  # not ``is_cpu``: a subclass may answer it wrongly
     )
+
+
+def lazy(loop: Callable) -> Callable:
+    """``loop`` compiled by numba on its first call, for a module of its own loops: importing it never
+    imports numba, and numba caches the machine code for later processes. Callers check ``available``."""
+    done: list[Callable] = []
+
+    def call(*args: object) -> object:
+        if not done:
+            import numba
+
+            done.append(numba.njit(cache=True, nogil=True)(loop))
+        return done[0](*args)
+
+    return call
 
 
 def finishes(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .compiled import available, lazy
 from .encoding import range_bytes, sparse_arrays
 from .memo import kept
 from .memory import itemsize
@@ -133,6 +134,9 @@ def row_cuts(
     lo = ptr[:, (lane - drift).clamp(min=0)]
     hi = ptr[:, (lane + drift).clamp(max=in_f)]
     cut = torch.empty((len(total), height - 1), dtype=torch.int64)
+    if available(cut, total, lo, hi):  # the same cuts, column by column in one compiled pass
+        _cuts_loop(total.contiguous().numpy(), lo.contiguous().numpy(), hi.contiguous().numpy(), cut.numpy())
+        return cut
     prev = torch.zeros_like(total)
     for k in range(height - 1):
         want = prev + (total - prev) // (height - k)
@@ -189,3 +193,18 @@ def sparse_bytes(program: ProgramData) -> tuple[int, int]:
             stored += weight_bytes(program, k)
             nonzeros += math.prod(program.specs[k.arrays["values"]].shape)
     return stored, nonzeros
+
+
+def _row_cuts_loop(total, lo, hi, cut):  # pragma: no cover - runs compiled
+    """``row_cuts`` with a limit, one column at a time: each cut evens out the rest of its column, held
+    to ``[lo, hi]`` and never before the cut above it."""
+    width, cuts = cut.shape
+    for c in range(width):
+        prev = 0
+        for k in range(cuts):
+            want = prev + (total[c] - prev) // (cuts + 1 - k)
+            prev = max(min(max(want, lo[c, k]), hi[c, k]), prev)
+            cut[c, k] = prev
+
+
+_cuts_loop = lazy(_row_cuts_loop)

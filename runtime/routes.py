@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .compiled import available
+from .compiled import available, lazy
 from .mesh import Dir, MeshSpec
 
 __all__ = ["RUN_FIELDS", "run", "expand", "run_pes"]
@@ -106,20 +106,8 @@ def _expand_compiled(runs: torch.Tensor, mesh: MeshSpec) -> tuple[torch.Tensor, 
     starts = torch.zeros(len(runs) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=starts[1:])
     out = torch.empty((3, int(starts[-1])), dtype=torch.int64)
-    _expand_loop()(runs.numpy(), starts.numpy(), _luts(), mesh.width, mesh.height, out.numpy())
+    _expand_loop(runs.numpy(), starts.numpy(), _luts(), mesh.width, mesh.height, out.numpy())
     return out[0], out[1], out[2]
-
-
-_LOOP: list = []
-
-
-def _expand_loop():
-    """The expansion loop, compiled on first use (numba caches the machine code for later processes)."""
-    if not _LOOP:
-        import numba
-
-        _LOOP.append(numba.njit(cache=True, nogil=True)(_expand_runs))
-    return _LOOP[0]
 
 
 def _expand_runs(runs, starts, luts, width, height, out):  # pragma: no cover - runs compiled
@@ -143,3 +131,6 @@ def _expand_runs(runs, starts, luts, width, height, out):  # pragma: no cover - 
             out[0, at + pos] = y * width + x if 0 <= x < width and 0 <= y < height else -1
             out[1, at + pos] = rx
             out[2, at + pos] = tx
+
+
+_expand_loop = lazy(_expand_runs)

@@ -8,6 +8,7 @@ import torch
 
 from sparsefx.passes.lower import place_balanced as pb
 from sparsefx.passes.lower import place_loops
+from sparsefx.runtime.layout import row_cuts
 
 pytest.importorskip("numba")
 
@@ -54,3 +55,17 @@ def test_the_tensor_form_answers_without_numba(monkeypatch: pytest.MonkeyPatch) 
     w = torch.tensor([[1.0, 2.0], [3.0, 0.0]])
     assert place_loops.place(w, w != 0, 1, 1) is None
     assert pb.place_balanced(w, w != 0, 1, 1)["values"].tolist() == [1.0, 3.0, 2.0]
+
+
+@pytest.mark.parametrize("drift", [0, 1, 5, 40])
+def test_row_cuts_with_a_limit_match_the_tensor_form(drift: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(drift)
+    width, in_f, height = 13, 50, 9
+    counts = torch.randint(0, 6, (width, in_f), generator=g) * (torch.rand(width, in_f, generator=g) > 0.3)
+    ptr = torch.zeros((width, in_f + 1), dtype=torch.int64)
+    torch.cumsum(counts, 1, out=ptr[:, 1:])
+    got = row_cuts(ptr, ptr[:, -1], in_f, height, drift)
+    with monkeypatch.context() as m:
+        m.setenv("SPARSEFX_NUMBA", "0")
+        want = row_cuts(ptr, ptr[:, -1], in_f, height, drift)
+    assert torch.equal(got, want)

@@ -21,7 +21,7 @@ def _tensor_form(monkeypatch: pytest.MonkeyPatch, runs: torch.Tensor, mesh: Mesh
 @pytest.mark.parametrize("seed", range(20))
 def test_compiled_expansion_matches_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(seed)
-    mesh = MeshSpec(int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(1, 40, (1,), generator=g)))
+    mesh = MeshSpec(*(int(torch.randint(1, 40, (1,), generator=g)) for _ in range(2)))
     n = int(torch.randint(0, 300, (1,), generator=g))
     ports = torch.tensor([0, 1, 2, 4, 8, 3, 40])  # the four directions, none, and bits no run goes
     runs = torch.stack(

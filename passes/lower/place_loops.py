@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 import torch
 
-from sparsefx.runtime.compiled import available
+from sparsefx.runtime.compiled import available, lazy
 from sparsefx.runtime.encoding import row_index_dtype
 from sparsefx.runtime.layout import row_cuts
 
@@ -41,13 +41,12 @@ def place(
     """``place_balanced``'s arrays from the compiled passes (module docstring); None where they do not run."""
     if not available(weight, mask) or weight.element_size() not in _BITS:
         return None
-    loops = _loops()
     in_features = mask.shape[1]
     pes = width * height
     i, j = _nonzeros(mask)
     nnz = len(i)
     counts = torch.zeros(width * in_features, dtype=torch.int64)
-    loops["count"](j, width, in_features, counts.numpy())
+    _count(j, width, in_features, counts.numpy())
     ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
     torch.cumsum(counts.view(width, in_features), 1, out=ptr[:, 1:])
     total = ptr[:, -1]
@@ -61,16 +60,16 @@ def place(
     cursor = (column_start[:, None] + ptr[:, :-1]).reshape(-1)  # where each (column, input) run starts
     bits = weight.detach().contiguous().view(_BITS[weight.element_size()]).reshape(-1).numpy()
     si, sj, sv = np.empty(nnz, np.int64), np.empty(nnz, np.int64), np.empty(nnz, bits.dtype)
-    loops["scatter"](i, j, width, in_features, cursor.numpy(), bits, si, sj, sv)
+    _scatter(i, j, width, in_features, cursor.numpy(), bits, si, sj, sv)
     ranges = np.zeros((4, pes), np.int64)  # in_lo, in_hi, out_lo, out_hi
-    loops["ranges"](si, sj, bounds.numpy(), width, ranges)
+    _ranges(si, sj, bounds.numpy(), width, ranges)
     in_lo, in_hi, out_lo, out_hi = torch.from_numpy(ranges)
     col_ptr_off = torch.zeros(pes + 1, dtype=torch.int64)
     torch.cumsum(in_hi - in_lo + 1, 0, out=col_ptr_off[1:])  # each PE's offsets: span + 1
     values = np.empty(nnz, bits.dtype)
     row_idx = torch.empty(nnz, dtype=torch.int64)
     col_ptr = torch.zeros(int(col_ptr_off[-1]), dtype=torch.int64)
-    loops["fill"](
+    _fill(
         si, sj, sv, bounds.numpy(), width, ranges, col_ptr_off.numpy(), nz_ptr.numpy(),
         values, row_idx.numpy(), col_ptr.numpy(),
     )  # fmt: skip
@@ -98,26 +97,12 @@ def _nonzeros(mask: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     m = mask.contiguous().numpy()
     n = int(np.count_nonzero(m))
     i, j = np.empty(n, np.int64), np.empty(n, np.int64)
-    _loops()["nonzeros"](m, i, j)
+    _nonzeros_pass(m, i, j)
     _LAST[:] = [weakref.ref(mask), mask._version, (i, j)]
     return i, j
 
 
-_LOOPS: dict[str, object] = {}
-
-
-def _loops() -> dict[str, object]:
-    """The passes, compiled on first use (numba caches the machine code for later processes)."""
-    if not _LOOPS:
-        import numba
-
-        jit = numba.njit(cache=True, nogil=True)
-        _LOOPS.update(nonzeros=jit(_nonzeros_loop), count=jit(_count_loop), scatter=jit(_scatter_loop))
-        _LOOPS.update(ranges=jit(_ranges_loop), fill=jit(_fill_loop))
-    return _LOOPS
-
-
-# -- the passes (plain Python until ``_loops`` compiles them) ------------------------------------------
+# -- the passes (plain Python until their first call compiles them) ------------------------------------
 
 
 def _nonzeros_loop(mask, si, sj):  # pragma: no cover - runs compiled
@@ -198,3 +183,7 @@ def _fill_loop(
                 col_ptr[off + 1 + sj[k] - in_lo] += 1
             for t in range(off + 1, col_ptr_off[pe + 1]):
                 col_ptr[t] += col_ptr[t - 1]
+
+
+_nonzeros_pass, _count, _scatter = lazy(_nonzeros_loop), lazy(_count_loop), lazy(_scatter_loop)
+_ranges, _fill = lazy(_ranges_loop), lazy(_fill_loop)
