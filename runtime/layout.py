@@ -104,8 +104,10 @@ def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | 
     s, e, lo, hi = (t.T.reshape(-1) for t in (starts, ends, lo, hi))  # PE order: row-major in the region
     full = e > s
     in_lo, in_hi = torch.where(full, lo, 0), torch.where(full, hi, 0)
-    col = torch.arange(width).repeat(height)
     pairs = in_hi - in_lo
+    if available(pairs):
+        return _ones_compiled(in_f, out_f, width, ptr, first, s, e, in_lo, in_hi)
+    col = torch.arange(width).repeat(height)
     pe = torch.repeat_interleave(torch.arange(width * height), pairs)
     base = torch.cumsum(pairs, 0) - pairs
     jj = in_lo[pe] + torch.arange(len(pe)) - base[pe]
@@ -119,6 +121,29 @@ def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | 
     out_hi = torch.zeros(width * height, dtype=torch.int64).scatter_reduce(0, pe[held], o_hi, "amax")
     out_lo = torch.where(full, out_lo, 0)
     return Layout(in_f, out_f, in_lo, in_hi, out_lo, torch.where(full, out_hi - out_lo, 0), counts)
+
+
+def _ones_compiled(
+    in_f: int,
+    out_f: int,
+    width: int,
+    ptr: torch.Tensor,
+    first: torch.Tensor,
+    s: torch.Tensor,
+    e: torch.Tensor,
+    in_lo: torch.Tensor,
+    in_hi: torch.Tensor,
+) -> Layout:
+    """``_balanced_ones``'s per-PE counts and output ranges in one compiled pass over its (PE, input)
+    pairs (the same ``Layout``)."""
+    pairs = in_hi - in_lo
+    base = torch.zeros(len(pairs) + 1, dtype=torch.int64)
+    torch.cumsum(pairs, 0, out=base[1:])
+    counts = torch.empty(int(base[-1]), dtype=torch.int64)
+    out = torch.zeros((2, len(pairs)), dtype=torch.int64)  # out_lo, span
+    arrays = (ptr, first.contiguous(), s.contiguous(), e.contiguous(), in_lo.contiguous(), base)
+    _ones_loop(*(t.numpy() for t in arrays), width, counts.numpy(), out.numpy())
+    return Layout(in_f, out_f, in_lo, in_hi, out[0], out[1], counts)
 
 
 def row_cuts(
@@ -208,3 +233,27 @@ def _row_cuts_loop(total, lo, hi, cut):  # pragma: no cover - runs compiled
 
 
 _cuts_loop = lazy(_row_cuts_loop)
+
+
+def _ones_pairs_loop(ptr, first, s, e, in_lo, base, width, counts, out):  # pragma: no cover - compiled
+    """Each PE's nonzeros of each of its inputs, and its output range (``out[0]``) and span (``out[1]``):
+    the outputs of its inputs' runs that fall within its share ``[s, e)`` of its column's run."""
+    for pe in range(len(s)):
+        c = pe % width
+        o_lo, o_hi = -1, 0
+        for t in range(base[pe + 1] - base[pe]):
+            j = in_lo[pe] + t
+            at = ptr[c, j]
+            p0, p1 = max(s[pe], at), min(e[pe], ptr[c, j + 1])
+            n = max(p1 - p0, 0)
+            counts[base[pe] + t] = n
+            if n > 0:
+                lo, hi = first[c, j] + p0 - at, first[c, j] + p1 - at
+                o_lo = lo if o_lo < 0 else min(o_lo, lo)
+                o_hi = max(o_hi, hi)
+        if o_lo >= 0:
+            out[0, pe] = o_lo
+            out[1, pe] = o_hi - o_lo
+
+
+_ones_loop = lazy(_ones_pairs_loop)

@@ -8,7 +8,7 @@ import torch
 
 from sparsefx.passes.lower import place_balanced as pb
 from sparsefx.passes.lower import place_loops
-from sparsefx.runtime.layout import row_cuts
+from sparsefx.runtime.layout import _balanced_ones, row_cuts
 
 pytest.importorskip("numba")
 
@@ -69,3 +69,17 @@ def test_row_cuts_with_a_limit_match_the_tensor_form(drift: int, monkeypatch: py
         m.setenv("SPARSEFX_NUMBA", "0")
         want = row_cuts(ptr, ptr[:, -1], in_f, height, drift)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_balanced_ones_compiled_match_the_tensor_form(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(seed)
+    in_f, out_f, width, height = (int(torch.randint(1, n, (1,), generator=g)) for n in (60, 90, 30, 25))
+    drift = [None, 0, 2, 16][seed % 4]
+    got = _balanced_ones(in_f, out_f, width, height, drift)
+    with monkeypatch.context() as m:
+        m.setenv("SPARSEFX_NUMBA", "0")
+        want = _balanced_ones(in_f, out_f, width, height, drift)
+    for field in ("in_lo", "in_hi", "out_lo", "span", "counts"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a.dtype == b.dtype and torch.equal(a, b), field
