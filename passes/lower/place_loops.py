@@ -61,16 +61,17 @@ def place(
     bits = weight.detach().contiguous().view(_BITS[weight.element_size()]).reshape(-1).numpy()
     si, sj, sv = np.empty(nnz, np.int64), np.empty(nnz, np.int64), np.empty(nnz, bits.dtype)
     _scatter(i, j, width, in_features, cursor.numpy(), bits, si, sj, sv)
-    ranges = np.zeros((4, pes), np.int64)  # in_lo, in_hi, out_lo, out_hi
-    _ranges(si, sj, bounds.numpy(), width, ranges)
-    in_lo, in_hi, out_lo, out_hi = torch.from_numpy(ranges)
+    by_column = torch.zeros((4, width, height), dtype=torch.int64)  # in_lo, in_hi, out_lo, out_hi
+    _ranges(si, sj, bounds.numpy(), by_column.numpy())
+    in_lo, in_hi, out_lo, out_hi = by_column.transpose(1, 2).reshape(4, pes)  # PE order
     col_ptr_off = torch.zeros(pes + 1, dtype=torch.int64)
     torch.cumsum(in_hi - in_lo + 1, 0, out=col_ptr_off[1:])  # each PE's offsets: span + 1
     values = np.empty(nnz, bits.dtype)
     row_idx = torch.empty(nnz, dtype=torch.int64)
     col_ptr = torch.zeros(int(col_ptr_off[-1]), dtype=torch.int64)
+    starts = torch.stack([nz_ptr[:-1], col_ptr_off[:-1]]).view(2, height, width).transpose(1, 2)
     _fill(
-        si, sj, sv, bounds.numpy(), width, ranges, col_ptr_off.numpy(), nz_ptr.numpy(),
+        si, sj, sv, bounds.numpy(), by_column.numpy(), starts.contiguous().numpy(),
         values, row_idx.numpy(), col_ptr.numpy(),
     )  # fmt: skip
     return {
@@ -146,42 +147,39 @@ def _scatter_loop(oi, oj, width, cols, cursor, bits, si, sj, sv):  # pragma: no 
         sv[at] = bits[i * cols + j]
 
 
-def _ranges_loop(si, sj, bounds, width, ranges):  # pragma: no cover - runs compiled
-    """Per PE (row-major in the region): input range (its run ascends by input) and output range; an
-    empty PE keeps ranges of 0. Walked column by column, as the runs lie."""
-    cols, height = bounds.shape[0], bounds.shape[1] - 1
-    for c in range(cols):
+def _ranges_loop(si, sj, bounds, out):  # pragma: no cover - runs compiled
+    """``out[:, c, r]``: PE (c, r)'s input range (its run ascends by input) and output range; an empty
+    PE keeps ranges of 0. Column by column, as the runs lie."""
+    width, height = out.shape[1], out.shape[2]
+    for c in range(width):
         for r in range(height):
             lo, hi = bounds[c, r], bounds[c, r + 1]
             if hi > lo:
-                pe = r * width + c
-                ranges[0, pe] = sj[lo]
-                ranges[1, pe] = sj[hi - 1] + 1
+                out[0, c, r] = sj[lo]
+                out[1, c, r] = sj[hi - 1] + 1
                 o_lo, o_hi = si[lo], si[lo]
                 for k in range(lo + 1, hi):
                     o_lo = min(o_lo, si[k])
                     o_hi = max(o_hi, si[k])
-                ranges[2, pe] = o_lo
-                ranges[3, pe] = o_hi + 1
+                out[2, c, r] = o_lo
+                out[3, c, r] = o_hi + 1
 
 
-def _fill_loop(
-    si, sj, sv, bounds, width, ranges, col_ptr_off, nz_ptr, values, row_idx, col_ptr
-):  # pragma: no cover - runs compiled
-    """Each PE's nonzeros in its run's order: value, row index from its ``out_lo``, and its column
-    offsets (``col_ptr[off + t]``: its nonzeros of inputs below ``in_lo + t``)."""
-    cols, height = bounds.shape[0], bounds.shape[1] - 1
-    for c in range(cols):
+def _fill_loop(si, sj, sv, bounds, ranges, starts, values, row_idx, col_ptr):  # pragma: no cover - compiled
+    """Each PE's nonzeros in its run's order, column by column: value, row index from its ``out_lo``,
+    and its column offsets (``col_ptr[off + t]``: its nonzeros of inputs below ``in_lo + t``).
+    ``starts[:, c, r]``: where PE (c, r)'s nonzeros and offsets start."""
+    width, height = ranges.shape[1], ranges.shape[2]
+    for c in range(width):
         for r in range(height):
-            pe = r * width + c
             lo, hi = bounds[c, r], bounds[c, r + 1]
-            at, off = nz_ptr[pe] - lo, col_ptr_off[pe]
-            in_lo, out_lo = ranges[0, pe], ranges[2, pe]
+            at, off = starts[0, c, r] - lo, starts[1, c, r]
+            in_lo, out_lo = ranges[0, c, r], ranges[2, c, r]
             for k in range(lo, hi):
                 values[at + k] = sv[k]
                 row_idx[at + k] = si[k] - out_lo
                 col_ptr[off + 1 + sj[k] - in_lo] += 1
-            for t in range(off + 1, col_ptr_off[pe + 1]):
+            for t in range(off + 1, off + 1 + ranges[1, c, r] - in_lo):
                 col_ptr[t] += col_ptr[t - 1]
 
 
