@@ -45,7 +45,7 @@ from .layout import layout
 from .memo import kept_for
 from .memory import itemsize
 from .program import Kernel, ProgramData
-from .sums import CONV, EAST, last_columns, spread_columns, stays
+from .sums import CONV, EAST, last_columns, spread_columns, stays, whole_at
 from .tiles import tile_place, tile_rows
 
 __all__ = ["EAST", "CONV", "stays", "sums", "shares", "back", "kept_where"]
@@ -57,10 +57,13 @@ def sums(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
     (``sums.spread_columns``). Kept per kernel structure (``memo.kept_for``)."""
 
     def build() -> tuple[torch.Tensor, torch.Tensor]:
-        s = layout(program, k)
-        last = last_columns(s.out_lo, s.span, k.region.width, s.out_features)
-        lanes = kernel_lanes(k, s.out_features)
-        return last, spread_columns(s.out_features, lanes, k.region.width)
+        outputs = int(k.attrs["out_features"])
+        if k.attrs.get("all_ones"):  # the dense baseline's geometry: no stored ranges
+            s = layout(program, k)
+            last = last_columns(s.out_lo, s.span, k.region.width, outputs)
+        else:
+            last = whole_at(program, k)
+        return last, spread_columns(outputs, kernel_lanes(k, outputs), k.region.width)
 
     return kept_for(program, k, ("sums",), build)
 

@@ -38,7 +38,16 @@ from .memory import itemsize
 from .program import Kernel, ProgramData, lane_bounds
 from .sparse_eval import read_slices
 
-__all__ = ["Layout", "layout", "weight_bytes", "sparse_bytes", "dense_layout", "balanced_ones", "row_cuts"]
+__all__ = [
+    "Layout",
+    "layout",
+    "placed",
+    "weight_bytes",
+    "sparse_bytes",
+    "dense_layout",
+    "balanced_ones",
+    "row_cuts",
+]
 
 
 @dataclass(frozen=True)
@@ -68,11 +77,36 @@ def layout(program: ProgramData, k: Kernel) -> Layout:
         return Layout(in_f, out_f, in_lo, in_hi, out_lo, span, counts)
     arrays = sparse_arrays(program, k)
     s = read_slices(arrays, in_f, out_f, r.width, r.height, f"kernel {k.name!r} ({k.op})")
-    steps = s.col_ptr.diff()
+    return _counted(in_f, out_f, s.in_lo, s.in_hi, s.out_lo, s.span, s.col_ptr, s.col_ptr_off)
+
+
+def placed(arrays: dict[str, torch.Tensor], in_f: int, out_f: int) -> Layout | None:
+    """The layout of a placement's own arrays (``place_sparse``'s: unpacked, each PE's input range
+    given, well formed), without the checks ``layout`` makes of a program's; None without input ranges."""
+    if "in_lo" not in arrays:
+        return None
+    lo, hi, out_lo, out_hi, col_ptr, col_off = (
+        arrays[r].to(torch.int64) for r in ("in_lo", "in_hi", "out_lo", "out_hi", "col_ptr", "col_ptr_off")
+    )
+    return _counted(in_f, out_f, lo, hi, out_lo, out_hi - out_lo, col_ptr, col_off)
+
+
+def _counted(
+    in_f: int,
+    out_f: int,
+    in_lo: torch.Tensor,
+    in_hi: torch.Tensor,
+    out_lo: torch.Tensor,
+    span: torch.Tensor,
+    col_ptr: torch.Tensor,
+    col_ptr_off: torch.Tensor,
+) -> Layout:
+    """A ``Layout`` whose counts are the steps of each PE's column offsets."""
+    steps = col_ptr.diff()
     inside = torch.ones_like(steps, dtype=torch.bool)
-    if len(s.col_ptr_off) > 2:
-        inside[s.col_ptr_off[1:-1] - 1] = False  # the step from one PE's last offset to the next's first
-    return Layout(in_f, out_f, s.in_lo, s.in_hi, s.out_lo, s.span, steps[inside])
+    if len(col_ptr_off) > 2:
+        inside[col_ptr_off[1:-1] - 1] = False  # the step from one PE's last offset to the next's first
+    return Layout(in_f, out_f, in_lo, in_hi, out_lo, span, steps[inside])
 
 
 def balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | None) -> Layout:

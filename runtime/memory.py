@@ -27,7 +27,7 @@ from .blocking import feature_lanes
 from .encoding import row_index_dtype
 from .memo import kept_for
 from .program import DTYPES, Kernel, ProgramData, lane_bounds
-from .sums import last_columns, stays
+from .sums import stays, whole_at
 from .tiles import tile_columns
 
 __all__ = ["pe_bytes", "sram_needed", "SRAM_LABEL", "ROWS_IN_FLIGHT", "ACC_BYTES", "itemsize", "features_of"]
@@ -153,8 +153,7 @@ def bias_pes(program: ProgramData, kernel: Kernel) -> torch.Tensor:
     r, out_f = kernel.region, int(kernel.attrs["out_features"])
     lane = feature_lanes(kernel, out_f)
     if stays(program, kernel):
-        lo = program.array(kernel, "out_lo").to(torch.int64)
-        col = last_columns(lo, program.array(kernel, "out_hi").to(torch.int64) - lo, r.width, out_f)
+        col = whole_at(program, kernel)
     else:
         col = torch.full((out_f,), r.width - 1, dtype=torch.int64)
     return lane * r.width + col

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .blocking import lane_rank
+from .memo import kept_for
 from .program import Kernel, ProgramData, lane_bounds
 
 __all__ = ["EAST", "CONV", "stays", "last_columns", "spread_columns"]
@@ -73,6 +74,18 @@ def last_columns(out_lo: torch.Tensor, span: torch.Tensor, width: int, outputs: 
     held = torch.cumsum(diff, dim=1)[:, :outputs] > 0  # [width, outputs]
     last = width - 1 - torch.flip(held, (0,)).to(torch.int8).argmax(dim=0)
     return torch.where(held.any(dim=0), last, width - 1)
+
+
+def whole_at(program: ProgramData, k: Kernel) -> torch.Tensor:
+    """``last_columns`` of sparse matmul ``k``'s stored ranges, kept per kernel structure
+    (``memo.kept_for``): its SRAM model and its executors ask for them alike."""
+
+    def build() -> torch.Tensor:
+        lo = program.array(k, "out_lo").to(torch.int64)
+        span = program.array(k, "out_hi").to(torch.int64) - lo
+        return last_columns(lo, span, k.region.width, int(k.attrs["out_features"]))
+
+    return kept_for(program, k, ("last columns",), build)
 
 
 def spread_columns(outputs: int, lanes: int, width: int) -> torch.Tensor:

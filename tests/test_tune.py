@@ -229,3 +229,25 @@ def test_a_wider_mesh_leaves_a_streaming_program_that_cannot_use_it_alone() -> N
     (narrow, narrow_kernels, narrow_cycles), (wide, wide_kernels, wide_cycles) = runs[64], runs[1024]
     assert narrow == wide and narrow_kernels == wide_kernels
     assert wide_cycles - narrow_cycles == (1024 - 64) * program.hardware.hop_cycles
+
+
+def test_a_placements_own_arrays_read_as_the_installed_layout() -> None:
+    """``layout.placed`` reads a placement's arrays as they come (the tuner ranks every candidate so),
+    and gives the layout ``layout`` reads, checked, from the installed and packed program."""
+    from sparsefx.runtime.layout import placed
+
+    sm, _, program = _lowered(16, 8)
+    for k in program.kernels:
+        if k.op != "sparse_matmul":
+            continue
+        weight, mask = sm.get_parameter(k.attrs["param"]).detach(), sm.masks[k.attrs["param"]]
+        for placement, drift in (("balanced", None), ("balanced", 0), ("block", None)):
+            arrays = place_sparse(weight, mask, k.region.width, k.region.height, placement, drift)
+            install(program, k, arrays)
+            got, want = placed(arrays, 768, 768), layout(program, k)
+            if placement == "block" and got is None:
+                continue
+            assert got is not None
+            for field in ("in_lo", "in_hi", "out_lo", "span", "counts"):
+                a, b = getattr(got, field), getattr(want, field)
+                assert a.dtype == b.dtype and torch.equal(a, b), (placement, drift, field)

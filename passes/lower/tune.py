@@ -52,7 +52,7 @@ from sparsefx.runtime.alone import kernel_alone
 from sparsefx.runtime.cost import load_cycles, rows_of
 from sparsefx.runtime.csc import imbalance
 from sparsefx.runtime.encoding import sparse_arrays
-from sparsefx.runtime.layout import Layout, layout, weight_bytes
+from sparsefx.runtime.layout import Layout, layout, placed, weight_bytes
 from sparsefx.runtime.memory import pe_bytes
 from sparsefx.runtime.op_kinds import ROW_MATMULS
 from sparsefx.runtime.program import Kernel, ProgramData, Region
@@ -147,7 +147,7 @@ def search(
                 installed = None  # placed, but its layout was not read
                 continue
             seen[w].append(laid)
-            known = laid if isinstance(laid, Layout) else layout(program, k)
+            known = _known(program, k, laid)
             installed = (w, drift, laid, known)
             load = _unhidden(program, k, hidden)
             for c in ranked(program, k, known):
@@ -172,7 +172,7 @@ def search(
         k.region = Region(start.x, start.y, w, start.height)
         if installed is None or installed[:2] != (w, drift):  # lay it out again, as it was ranked
             laid = place(k, drift)
-            installed = (w, drift, laid, laid if isinstance(laid, Layout) else layout(program, k))
+            installed = (w, drift, laid, _known(program, k, laid))
         laid, known = installed[2:]
         cycles, alone = timed(program, k, known, rows)
         cycles += _unhidden(program, k, hidden)
@@ -180,6 +180,17 @@ def search(
             best = Choice(cycles, w, drift, rows, alone, laid)
     k.region = start
     return best
+
+
+def _known(program: ProgramData, k: Kernel, laid: Any) -> Layout:
+    """The layout ``place`` returned or installed on ``k``: a placement's arrays are read as they are."""
+    if isinstance(laid, Layout):
+        return laid
+    if isinstance(laid, dict):
+        got = placed(laid, int(k.attrs["in_features"]), int(k.attrs["out_features"]))
+        if got is not None:
+            return got
+    return layout(program, k)
 
 
 def _unhidden(program: ProgramData, k: Kernel, hidden: int) -> int:
