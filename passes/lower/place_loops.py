@@ -21,8 +21,6 @@ offsets, row indices and values. The arrays are the tensor form's, bit for bit
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import torch
 
@@ -87,20 +85,25 @@ def place(
     }
 
 
-_LAST: list = []  # the last mask's nonzeros: (weak ref to the mask, its version, (outputs, inputs))
+_LAST: list = []  # the last mask placed, its version, and its nonzeros
 
 
 def _nonzeros(mask: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Output and input of each nonzero of ``mask``, in output order. The tuner places one kernel at
-    several widths in a row, so the last mask's are kept."""
-    if _LAST and _LAST[0]() is mask and _LAST[1] == mask._version:
+    several widths in a row, each time with a new view of the same mask (``detach``), so the last
+    mask's are kept while the same memory holds it unchanged (the entry holds the mask alive)."""
+    if _LAST and _same_memory(_LAST[0], mask) and _LAST[1] == mask._version:
         return _LAST[2]
     m = mask.contiguous().numpy()
     n = int(np.count_nonzero(m))
     i, j = np.empty(n, np.int64), np.empty(n, np.int64)
     _nonzeros_pass(m, i, j)
-    _LAST[:] = [weakref.ref(mask), mask._version, (i, j)]
+    _LAST[:] = [mask, mask._version, (i, j)]
     return i, j
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
 # -- the passes (plain Python until their first call compiles them) ------------------------------------
