@@ -37,6 +37,7 @@ from .mesh import Dir
 from .program import MODES, OPS, ArraySpec, Kernel, ProgramData, Region, Route
 from .routes import RUN_FIELDS, expand
 from .tiles import row_tiles
+from .verify_loops import route_checks
 
 __all__ = ["verify_program", "MAX_VALUE_ELEMENTS", "MAX_ROWS_IN_FLIGHT", "SPARSE_ROLES"]
 
@@ -540,22 +541,22 @@ def _check_batch(p: ProgramData, table: _Table, batch: list[int]) -> torch.Tenso
         r = p.routes[int(route[int(off[0])])]
         raise _fail(_owner(r), f"route {r.name!r} leaves the {p.mesh} mesh")
     pes = p.mesh.pes
-    within = torch.repeat_interleave(local, lengths)
-    key = _narrow(within * pes + pe, len(routes) * pes)  # each entry's place in ``routes``, then its PE
-    order = torch.argsort(key)
-    skey = key[order]
-    twice = (skey[1:] == skey[:-1]).nonzero()
-    if len(twice):
-        at, r = int(skey[int(twice[0])]) % pes, p.routes[batch[int(skey[int(twice[0])]) // pes]]
-        raise _fail(
-            _owner(r),
-            f"route {r.name!r} sets the router of PE ({at % p.mesh.width}, "
-            f"{at // p.mesh.width}) twice on color {r.color}",
-        )
+    within = torch.repeat_interleave(local, lengths)  # each entry's route, as its place in ``routes``
     # a run's PEs but its last send only to the next PE of the same run, which ``expand`` has receive from
     # it: only run ends can send where no PE receives
     ends = torch.cumsum(lengths, 0)[lengths > 0] - 1
-    _check_hops(p, routes, within[ends], pe[ends], tx[ends], rx[order], skey, table.to_host)
+    to_host = table.to_host[routes[within[ends]]]
+    checked = route_checks(within, pe, rx, tx, ends, to_host, p.mesh.width, p.mesh.height)
+    if checked is None:  # the tensor form: sorted by (route, PE)
+        key = _narrow(within * pes + pe, len(routes) * pes)
+        order = torch.argsort(key)
+        skey = key[order]
+        twice = (skey[1:] == skey[:-1]).nonzero()
+        _check_twice(p, batch, int(skey[int(twice[0])]) if len(twice) else -1)
+        _check_hops(p, routes, within[ends], pe[ends], tx[ends], rx[order], skey, table.to_host)
+    else:
+        _check_twice(p, batch, checked[0])
+        _report_hop(p, routes, within[ends], pe[ends], checked[1])
     per = torch.zeros(len(routes), dtype=torch.int64).index_add_(0, local, lengths)  # entries per route
     bounds = torch.cumsum(per, 0)
     ramp = int(Dir.RAMP)
@@ -575,6 +576,20 @@ def _check_batch(p: ProgramData, table: _Table, batch: list[int]) -> torch.Tenso
     return torch.stack([steps[at_route], colors[at_route], pe, route], 1)
 
 
+def _check_twice(p: ProgramData, batch: list[int], key: int) -> None:
+    """Raise for the route and PE of ``key`` (``place * pes + pe``, its place in ``batch``) when a route
+    sets that PE's router twice (-1: none does)."""
+    if key < 0:
+        return
+    pes = p.mesh.pes
+    at, r = key % pes, p.routes[batch[key // pes]]
+    raise _fail(
+        _owner(r),
+        f"route {r.name!r} sets the router of PE ({at % p.mesh.width}, {at // p.mesh.width}) twice on "
+        f"color {r.color}",
+    )
+
+
 def _check_hops(
     p: ProgramData,
     routes: torch.Tensor,
@@ -590,7 +605,8 @@ def _check_hops(
     width, height, pes = p.mesh.width, p.mesh.height, p.mesh.pes
     x, y = pe % width, pe // width
     to_host = host_bound[routes[route]]
-    for d in (Dir.N, Dir.E, Dir.S, Dir.W):
+    bad = torch.zeros((4, len(pe)), dtype=torch.bool)
+    for i, d in enumerate(_HOPS):
         sends = (tx & int(d)) != 0
         if not bool(sends.any()):
             continue
@@ -600,14 +616,26 @@ def _check_hops(
         want = (route * pes + (ny * width + nx).clamp(0, pes - 1)).to(sorted_key.dtype)
         at = torch.searchsorted(sorted_key, want).clamp(max=len(sorted_key) - 1)
         found = (sorted_key[at] == want) & ((sorted_rx[at] & int(d.opposite)) != 0)
-        bad = (sends & ~edge & ~found) | (sends & edge & ~to_host)
-        hit = bad.nonzero()
+        bad[i] = (sends & ~edge & ~found) | (sends & edge & ~to_host)
+    _report_hop(p, routes, route, pe, bad)
+
+
+_HOPS = (Dir.N, Dir.E, Dir.S, Dir.W)
+
+
+def _report_hop(
+    p: ProgramData, routes: torch.Tensor, route: torch.Tensor, pe: torch.Tensor, bad: torch.Tensor
+) -> None:
+    """Raise for the first sender (by direction N, E, S, W, then in order) whose hop ``bad`` marks."""
+    width = p.mesh.width
+    for i, d in enumerate(_HOPS):
+        hit = bad[i].nonzero()
         if len(hit):
             j = int(hit[0])
             r = p.routes[int(routes[route[j]])]
             raise _fail(
                 _owner(r),
-                f"route {r.name!r} sends {d.name} from PE ({int(x[j])}, {int(y[j])}) "
+                f"route {r.name!r} sends {d.name} from PE ({int(pe[j]) % width}, {int(pe[j]) // width}) "
                 f"on color {r.color}, but no PE of the route receives it there",
             )
 

@@ -48,3 +48,41 @@ def test_a_run_east_with_a_tap_and_a_ramp_in() -> None:
     assert pe.tolist() == [1, 2, -1]  # the last PE is off the mesh
     assert [Dir.format(b) for b in rx] == ["RAMP", "W", "W"]
     assert [Dir.format(b) for b in tx] == ["E", "E|RAMP", "E|RAMP"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_route_checks_match_the_tensor_form(seed: int) -> None:
+    """The compiled per-route checks (``runtime/verify_loops.py``) find the duplicate PEs and the hops
+    no one receives that the tensor form finds by sorting (``verify._check_batch``)."""
+    from sparsefx.runtime import verify_loops
+
+    g = torch.Generator().manual_seed(seed)
+    width, height, routes_n = 7, 5, 6
+    pes = width * height
+    sizes = torch.randint(1, 9, (routes_n,), generator=g)
+    within = torch.repeat_interleave(torch.arange(routes_n), sizes)
+    pe = torch.cat([torch.randperm(pes, generator=g)[: int(n)] for n in sizes])
+    if seed % 3 == 0:  # a route sets one PE twice
+        pe[1] = pe[0]
+    rx = torch.randint(0, 32, (len(pe),), generator=g)
+    tx = torch.randint(0, 32, (len(pe),), generator=g)
+    ends = torch.sort(torch.randperm(len(pe), generator=g)[: len(pe) // 2]).values
+    to_host = torch.rand(len(ends), generator=g) > 0.5
+    first, bad = verify_loops.route_checks(within, pe, rx, tx, ends, to_host, width, height)
+    key = within * pes + pe
+    order = torch.argsort(key)
+    skey = key[order]
+    twice = (skey[1:] == skey[:-1]).nonzero()
+    assert first == (int(skey[int(twice[0])]) if len(twice) else -1)
+    if first >= 0:
+        return  # the verifier stops at the duplicate
+    x, y = pe[ends] % width, pe[ends] // width
+    hops = ((1, (0, -1), 4), (2, (1, 0), 8), (4, (0, 1), 1), (8, (-1, 0), 2))  # N, E, S, W: bit, step, back
+    for i, (bit, (dx, dy), back) in enumerate(hops):
+        sends = (tx[ends] & bit) != 0
+        nx, ny = x + dx, y + dy
+        edge = (nx < 0) | (nx >= width) | (ny < 0) | (ny >= height)
+        want = within[ends] * pes + (ny * width + nx).clamp(0, pes - 1)
+        at = torch.searchsorted(skey, want).clamp(max=len(skey) - 1)
+        found = (skey[at] == want) & ((rx[order][at] & back) != 0)
+        assert torch.equal(bad[i], (sends & ~edge & ~found) | (sends & edge & ~to_host)), i
