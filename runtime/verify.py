@@ -37,7 +37,7 @@ from .mesh import Dir
 from .program import MODES, OPS, ArraySpec, Kernel, ProgramData, Region, Route
 from .routes import RUN_FIELDS, expand
 from .tiles import row_tiles
-from .verify_loops import route_checks
+from .verify_loops import first_clash, route_checks
 
 __all__ = ["verify_program", "MAX_VALUE_ELEMENTS", "MAX_ROWS_IN_FLIGHT", "SPARSE_ROLES"]
 
@@ -688,6 +688,11 @@ def _check_step_conflicts(
 
 def _clash(p: ProgramData, key: torch.Tensor, who: torch.Tensor) -> None:
     """Raise if two entries of different routes (``who``) share a ``key`` (its last factor the PE)."""
+    found = first_clash(key, who, p.mesh.pes)
+    if found is not None:
+        if found[0] >= 0:
+            _report_clash(p, found[1], found[2], found[0] % p.mesh.pes)
+        return
     order = torch.argsort(_narrow(key, int(key.max()) + 1 if len(key) else 0), stable=True)
     k, w = key[order], who[order]
     clash = ((k[1:] == k[:-1]) & (w[1:] != w[:-1])).nonzero()

@@ -22,7 +22,7 @@ import torch
 
 from .compiled import available, lazy
 
-__all__ = ["route_checks"]
+__all__ = ["route_checks", "first_clash"]
 
 
 def route_checks(
@@ -84,4 +84,50 @@ def _checks_loop(within, pe, rx, tx, ends, to_host, width, height, bad):  # prag
     return first
 
 
+def first_clash(key: torch.Tensor, who: torch.Tensor, pes: int) -> tuple[int, int, int] | None:
+    """``(key, first, second)``: the least ``key`` (``group * pes + pe``) that entries of two routes
+    (``who``) share, and the first two such routes next to each other in the entries' order, as a
+    stable sort by key would meet them; ``(-1, 0, 0)`` if none. None where the loop does not run. One
+    pass per group (a counting sort by it), stamping each PE with the route that last set it."""
+    if not available(key, who):
+        return None
+    if not len(key):
+        return -1, 0, 0
+    if int(key.min()) < 0:
+        return None  # groups below 0: the tensor form's
+    got = _clash(key.to(torch.int64).contiguous().numpy(), who.to(torch.int64).contiguous().numpy(), pes)
+    return int(got[0]), int(got[1]), int(got[2])
+
+
+def _clash_loop(key, who, pes):  # pragma: no cover - runs compiled
+    n = len(key)
+    groups = key.max() // pes + 1
+    start = np.zeros(groups + 1, np.int64)
+    for i in range(n):
+        start[key[i] // pes + 1] += 1
+    for g in range(groups):
+        start[g + 1] += start[g]
+    order = np.empty(n, np.int64)
+    fill = start[:-1].copy()
+    for i in range(n):
+        g = key[i] // pes
+        order[fill[g]] = i
+        fill[g] += 1
+    tag = np.full(pes, -1, np.int64)
+    route = np.zeros(pes, np.int64)
+    best, first, second = -1, 0, 0
+    for g in range(groups):
+        if best >= 0:
+            break  # a clash in an earlier group has the least key
+        for t in range(start[g], start[g + 1]):
+            i = order[t]
+            at = key[i] % pes
+            if tag[at] == g and route[at] != who[i] and (best < 0 or key[i] < best):
+                best, first, second = key[i], route[at], who[i]
+            tag[at] = g
+            route[at] = who[i]
+    return best, first, second
+
+
 _checks = lazy(_checks_loop)
+_clash = lazy(_clash_loop)

@@ -86,3 +86,22 @@ def test_route_checks_match_the_tensor_form(seed: int) -> None:
         at = torch.searchsorted(skey, want).clamp(max=len(skey) - 1)
         found = (skey[at] == want) & ((rx[order][at] & back) != 0)
         assert torch.equal(bad[i], (sends & ~edge & ~found) | (sends & edge & ~to_host)), i
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_first_clash_matches_a_stable_sort(seed: int) -> None:
+    """The compiled clash check finds the least shared key and the pair of routes a stable sort by key
+    puts next to each other first, as the tensor form (``verify._clash``) reports them."""
+    from sparsefx.runtime import verify_loops
+
+    g = torch.Generator().manual_seed(seed)
+    pes, n = 30, int(torch.randint(1, 200, (1,), generator=g))
+    key = torch.randint(0, 5, (n,), generator=g) * pes + torch.randint(0, pes, (n,), generator=g)
+    who = torch.randint(0, [1, 3, 40][seed % 3], (n,), generator=g)
+    order = torch.argsort(key, stable=True)
+    k, w = key[order], who[order]
+    clash = ((k[1:] == k[:-1]) & (w[1:] != w[:-1])).nonzero()
+    want = (int(k[int(clash[0])]), int(w[int(clash[0])]), int(w[int(clash[0]) + 1])) if len(clash) else None
+    got = verify_loops.first_clash(key, who, pes)
+    assert got is not None
+    assert (got if got[0] >= 0 else None) == want
