@@ -26,7 +26,6 @@ import weakref
 
 import torch
 
-from sparsefx.runtime.encoding import row_index_dtype
 from sparsefx.runtime.program import lane_bounds
 
 from . import place_loops
@@ -77,17 +76,8 @@ def _tensor_form(
     slot = col_ptr_off[:-1][pe] + 1 + (j - in_lo[pe])
     col_ptr = torch.bincount(slot, minlength=int(col_ptr_off[-1])).cumsum(0)
     col_ptr -= torch.repeat_interleave(col_ptr[col_ptr_off[:-1]], spans + 1, output_size=len(col_ptr))
-    return {
-        "out_lo": out_lo.to(torch.int32),
-        "out_hi": out_hi.to(torch.int32),
-        "in_lo": in_lo.to(torch.int32),
-        "in_hi": in_hi.to(torch.int32),
-        "nz_ptr": nz_ptr,
-        "col_ptr_off": col_ptr_off,
-        "col_ptr": col_ptr.to(torch.int32),
-        "row_idx": (i - out_lo[pe]).to(row_index_dtype(out_hi - out_lo)),
-        "values": weight.reshape(-1)[flat],
-    }
+    row_idx, values = i - out_lo[pe], weight.reshape(-1)[flat]
+    return place_loops.arrays(out_lo, out_hi, in_lo, in_hi, nz_ptr, col_ptr_off, col_ptr, row_idx, values)
 
 
 _LAST: list = []  # the last ``_by_column``: (weak ref to the mask, its version, width, result)

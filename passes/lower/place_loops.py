@@ -28,7 +28,7 @@ from sparsefx.runtime.compiled import available, lazy
 from sparsefx.runtime.encoding import row_index_dtype
 from sparsefx.runtime.layout import row_cuts
 
-__all__ = ["place"]
+__all__ = ["place", "arrays"]
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # values move as raw bits
 
@@ -44,7 +44,8 @@ def place(
     i, j = _nonzeros(mask)
     nnz = len(i)
     counts = torch.zeros(width * in_features, dtype=torch.int64)
-    _count(j, width, in_features, counts.numpy())
+    column = np.empty(nnz, np.int64)
+    _count(j, width, in_features, column, counts.numpy())
     ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
     torch.cumsum(counts.view(width, in_features), 1, out=ptr[:, 1:])
     total = ptr[:, -1]
@@ -58,7 +59,7 @@ def place(
     cursor = (column_start[:, None] + ptr[:, :-1]).reshape(-1)  # where each (column, input) run starts
     bits = weight.detach().contiguous().view(_BITS[weight.element_size()]).reshape(-1).numpy()
     si, sj, sv = np.empty(nnz, np.int64), np.empty(nnz, np.int64), np.empty(nnz, bits.dtype)
-    _scatter(i, j, width, in_features, cursor.numpy(), bits, si, sj, sv)
+    _scatter(i, j, column, in_features, cursor.numpy(), bits, si, sj, sv)
     by_column = torch.zeros((4, width, height), dtype=torch.int64)  # in_lo, in_hi, out_lo, out_hi
     _ranges(si, sj, bounds.numpy(), by_column.numpy())
     in_lo, in_hi, out_lo, out_hi = by_column.transpose(1, 2).reshape(4, pes)  # PE order
@@ -72,6 +73,23 @@ def place(
         si, sj, sv, bounds.numpy(), by_column.numpy(), starts.contiguous().numpy(),
         values, row_idx.numpy(), col_ptr.numpy(),
     )  # fmt: skip
+    values = torch.from_numpy(values).view(weight.dtype)
+    return arrays(out_lo, out_hi, in_lo, in_hi, nz_ptr, col_ptr_off, col_ptr, row_idx, values)
+
+
+def arrays(
+    out_lo: torch.Tensor,
+    out_hi: torch.Tensor,
+    in_lo: torch.Tensor,
+    in_hi: torch.Tensor,
+    nz_ptr: torch.Tensor,
+    col_ptr_off: torch.Tensor,
+    col_ptr: torch.Tensor,
+    row_idx: torch.Tensor,
+    values: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """A balanced placement's arrays by role, in the dtypes ``runtime/csc.py`` stores: 32-bit ranges and
+    offsets, 16-bit row indices where every PE's output span allows."""
     return {
         "out_lo": out_lo.to(torch.int32),
         "out_hi": out_hi.to(torch.int32),
@@ -81,7 +99,7 @@ def place(
         "col_ptr_off": col_ptr_off,
         "col_ptr": col_ptr.to(torch.int32),
         "row_idx": row_idx.to(row_index_dtype(out_hi - out_lo)),
-        "values": torch.from_numpy(values).view(weight.dtype),
+        "values": values,
     }
 
 
@@ -121,30 +139,26 @@ def _nonzeros_loop(mask, si, sj):  # pragma: no cover - runs compiled
                 n += 1
 
 
-def _count_loop(sj, width, cols, counts):  # pragma: no cover - runs compiled
-    """``counts[c * cols + j]``: nonzeros of input ``j`` in region column ``c`` (the ``c``-th of ``width``
-    equal runs of the nonzeros in output order)."""
+def _count_loop(sj, width, cols, column, counts):  # pragma: no cover - runs compiled
+    """Each nonzero's region column (the ``c``-th of ``width`` equal runs of the nonzeros in output
+    order) into ``column``, and ``counts[c * cols + j]``: the nonzeros of input ``j`` in column ``c``."""
     nnz = len(sj)
     c, nxt = 0, nnz // width
     for p in range(nnz):
         while p >= nxt:
             c += 1
             nxt = (c + 1) * nnz // width
+        column[p] = c
         counts[c * cols + sj[p]] += 1
 
 
-def _scatter_loop(oi, oj, width, cols, cursor, bits, si, sj, sv):  # pragma: no cover - runs compiled
+def _scatter_loop(oi, oj, column, cols, cursor, bits, si, sj, sv):  # pragma: no cover - runs compiled
     """Each nonzero's output, input and value at its place in (column, input, output) order: ``cursor``
     holds where each (column, input) run starts and moves on as the run fills, output by output."""
-    nnz = len(oi)
-    c, nxt = 0, nnz // width
-    for p in range(nnz):
-        while p >= nxt:
-            c += 1
-            nxt = (c + 1) * nnz // width
+    for p in range(len(oi)):
         i, j = oi[p], oj[p]
-        at = cursor[c * cols + j]
-        cursor[c * cols + j] = at + 1
+        at = cursor[column[p] * cols + j]
+        cursor[column[p] * cols + j] = at + 1
         si[at] = i
         sj[at] = j
         sv[at] = bits[i * cols + j]
