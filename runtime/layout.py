@@ -47,6 +47,7 @@ __all__ = [
     "dense_layout",
     "balanced_ones",
     "row_cuts",
+    "ones_runs",
 ]
 
 
@@ -121,12 +122,26 @@ def balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | N
     return kept(None, key, lambda: _balanced_ones(in_f, out_f, width, height, drift))
 
 
-def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | None) -> Layout:
+def ones_runs(in_f: int, out_f: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, count)``, ``[width, in_f]`` each: the outputs of each input that each column of a
+    balanced placement holds of an all-ones ``[out_f, in_f]`` weight, ``first[c, j]`` on. Column ``c``
+    takes flat entries ``[c * n // width, (c + 1) * n // width)`` of the weight in output order.
+
+        >>> first, count = ones_runs(2, 3, 2)  # column 0: (0, 0), (0, 1), (1, 0); column 1 the rest
+        >>> first.tolist(), count.tolist()
+        ([[0, 0], [2, 1]], [[2, 1], [1, 2]])
+    """
     n = in_f * out_f
     edges = torch.arange(width + 1, dtype=torch.int64) * n // width
     a, b, j = edges[:-1, None], edges[1:, None], torch.arange(in_f)[None, :]
     first = -torch.div(j - a, in_f, rounding_mode="floor")  # ceil((a - j) / in_f)
     count = (torch.div(b - 1 - j, in_f, rounding_mode="floor") - first + 1).clamp(min=0)
+    return first, count
+
+
+def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | None) -> Layout:
+    n = in_f * out_f
+    first, count = ones_runs(in_f, out_f, width)
     ptr = torch.zeros((width, in_f + 1), dtype=torch.int64)
     torch.cumsum(count, 1, out=ptr[:, 1:])
     total = ptr[:, -1]

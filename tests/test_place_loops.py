@@ -105,3 +105,15 @@ def test_a_model_lowers_to_the_same_program_with_and_without_the_loops(
     assert sorted(a.arrays) == sorted(b.arrays)
     for name, array in a.arrays.items():
         assert array.dtype == b.arrays[name].dtype and torch.equal(array, b.arrays[name]), name
+
+
+@pytest.mark.parametrize(
+    ("out", "inp", "width", "height", "drift"), [(7, 5, 3, 4, None), (50, 9, 8, 3, 0), (3, 40, 9, 6, 2)]
+)
+def test_an_all_ones_mask_places_from_its_runs_as_the_tensor_form(out, inp, width, height, drift) -> None:
+    """A kept-dense weight (every entry kept) is laid out from its runs without a scan of the mask."""
+    weight = torch.randn(out, inp)
+    mask = torch.ones(out, inp, dtype=torch.bool)
+    got = place_loops.place(weight, mask, width, height, drift)
+    assert got is not None
+    _same(got, pb._tensor_form(weight, mask, width, height, drift))

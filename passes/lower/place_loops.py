@@ -26,7 +26,7 @@ import torch
 
 from sparsefx.runtime.compiled import available, lazy
 from sparsefx.runtime.encoding import row_index_dtype
-from sparsefx.runtime.layout import row_cuts
+from sparsefx.runtime.layout import ones_runs, row_cuts
 
 __all__ = ["place", "arrays"]
 
@@ -39,13 +39,18 @@ def place(
     """``place_balanced``'s arrays from the compiled passes (module docstring); None where they do not run."""
     if not available(weight, mask) or weight.element_size() not in _BITS:
         return None
-    in_features = mask.shape[1]
+    out_features, in_features = mask.shape
     pes = width * height
-    i, j = _nonzeros(mask)
-    nnz = len(i)
-    counts = torch.zeros(width * in_features, dtype=torch.int64)
-    column = np.empty(nnz, np.int64)
-    _count(j, width, in_features, column, counts.numpy())
+    dense = bool(mask.all())  # kept dense: each (column, input) run is a range of outputs (no scan)
+    if dense:
+        nnz = out_features * in_features
+        first, counts = ones_runs(in_features, out_features, width)
+    else:
+        i, j = _nonzeros(mask)
+        nnz = len(i)
+        counts = torch.zeros(width * in_features, dtype=torch.int64)
+        column = np.empty(nnz, np.int64)
+        _count(j, width, in_features, column, counts.numpy())
     ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
     torch.cumsum(counts.view(width, in_features), 1, out=ptr[:, 1:])
     total = ptr[:, -1]
@@ -59,7 +64,10 @@ def place(
     cursor = (column_start[:, None] + ptr[:, :-1]).reshape(-1)  # where each (column, input) run starts
     bits = weight.detach().contiguous().view(_BITS[weight.element_size()]).reshape(-1).numpy()
     si, sj, sv = np.empty(nnz, np.int64), np.empty(nnz, np.int64), np.empty(nnz, bits.dtype)
-    _scatter(i, j, column, in_features, cursor.numpy(), bits, si, sj, sv)
+    if dense:
+        _runs(first.contiguous().numpy(), counts.contiguous().numpy(), bits, si, sj, sv)
+    else:
+        _scatter(i, j, column, in_features, cursor.numpy(), bits, si, sj, sv)
     by_column = torch.zeros((4, width, height), dtype=torch.int64)  # in_lo, in_hi, out_lo, out_hi
     _ranges(si, sj, bounds.numpy(), by_column.numpy())
     in_lo, in_hi, out_lo, out_hi = by_column.transpose(1, 2).reshape(4, pes)  # PE order
@@ -164,6 +172,20 @@ def _scatter_loop(oi, oj, column, cols, cursor, bits, si, sj, sv):  # pragma: no
         sv[at] = bits[i * cols + j]
 
 
+def _runs_loop(first, count, bits, si, sj, sv):  # pragma: no cover - runs compiled
+    """An all-ones weight's entries in (column, input, output) order: each run a range of outputs."""
+    width, cols = count.shape
+    k = 0
+    for c in range(width):
+        for j in range(cols):
+            for t in range(count[c, j]):
+                i = first[c, j] + t
+                si[k] = i
+                sj[k] = j
+                sv[k] = bits[i * cols + j]
+                k += 1
+
+
 def _ranges_loop(si, sj, bounds, out):  # pragma: no cover - runs compiled
     """``out[:, c, r]``: PE (c, r)'s input range (its run ascends by input) and output range; an empty
     PE keeps ranges of 0. Column by column, as the runs lie."""
@@ -201,4 +223,4 @@ def _fill_loop(si, sj, sv, bounds, ranges, starts, values, row_idx, col_ptr):  #
 
 
 _nonzeros_pass, _count, _scatter = lazy(_nonzeros_loop), lazy(_count_loop), lazy(_scatter_loop)
-_ranges, _fill = lazy(_ranges_loop), lazy(_fill_loop)
+_ranges, _fill, _runs = lazy(_ranges_loop), lazy(_fill_loop), lazy(_runs_loop)
