@@ -57,6 +57,7 @@ __all__ = [
     "row_index_dtype",
     "encode",
     "decode",
+    "int32_if_fits",
     "is_packed",
     "sparse_arrays",
     "remember",
@@ -80,6 +81,16 @@ def row_index_dtype(spans: torch.Tensor) -> torch.dtype:
     (torch.int16, torch.int32)
     """
     return torch.int32 if len(spans) and int(spans.max()) >= I16_SPAN else torch.int16
+
+
+def int32_if_fits(values: torch.Tensor, bound: int) -> torch.Tensor:
+    """``values`` as int32 when every one is below ``bound`` < 2**31, else as they are: int32 sort keys
+    sort about twice as fast.
+
+    >>> int32_if_fits(torch.tensor([3, 9]), 10).dtype, int32_if_fits(torch.tensor([3]), 2**31).dtype
+    (torch.int32, torch.int64)
+    """
+    return values.to(torch.int32) if bound < 2**31 else values
 
 
 def is_packed(roles: object) -> bool:

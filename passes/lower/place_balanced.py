@@ -22,11 +22,9 @@ empty ranges at 0. The arrays follow ``runtime/csc.py``::
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-from sparsefx.runtime.program import lane_bounds
+from sparsefx.runtime.encoding import int32_if_fits
 
 from . import place_loops
 
@@ -54,10 +52,11 @@ def _tensor_form(
     """``place_balanced`` in tensor operations: the nonzeros sorted by column and input, cut into runs."""
     out_features, in_features = weight.shape
     pes = width * height
-    flat, column, key = _by_column(mask, width)
+    flat, key = _by_column(mask, width)
     # PE (c, r) holds the run [bounds[c, r], bounds[c, r + 1]) of column c's nonzeros: taken in PE order
     # (row-major in the region), each PE's stay by input, then output.
-    bounds = _bounds(key, column, width, height, in_features, drift)
+    counts = torch.bincount(key, minlength=width * in_features).view(width, in_features)
+    bounds = place_loops.cut_rows(counts, height, drift)[1]
     first = bounds[:, :-1].t().reshape(-1)
     per_pe = (bounds[:, 1:] - bounds[:, :-1]).t().reshape(-1)
     nz_ptr = torch.zeros(pes + 1, dtype=torch.int64)
@@ -80,59 +79,22 @@ def _tensor_form(
     return place_loops.arrays(out_lo, out_hi, in_lo, in_hi, nz_ptr, col_ptr_off, col_ptr, row_idx, values)
 
 
-_LAST: list = []  # the last ``_by_column``: (weak ref to the mask, its version, width, result)
-
-
-def _by_column(mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _by_column(mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The nonzeros' flat positions ``output * in + input`` cut into ``width`` columns (the first cut),
-    each column's by input then output, with their columns and sort keys ``column * in + input``. The
-    tuner places one width at several row-cut limits in a row, so the last one is kept."""
-    if _LAST and _LAST[0]() is mask and _LAST[1] == mask._version and _LAST[2] == width:
-        return _LAST[3]
-    in_features = mask.shape[1]
-    flat = mask.reshape(-1).nonzero().squeeze(1)  # by output, then input
-    nnz = len(flat)
-    column = torch.repeat_interleave(torch.arange(width), _cuts(nnz, width).diff(), output_size=nnz)
-    # Within each column, by input then output: a stable sort keeps the output order of one input.
-    keys = _small(column * in_features + flat % in_features, width * in_features)
-    key, order = torch.sort(keys, stable=True)
-    got = (flat[order], column[order], key.to(torch.int64))
-    _LAST[:] = [weakref.ref(mask), mask._version, width, got]
-    return got
+    each column's by input then output, with their sort keys ``column * in + input`` (kept for the
+    next placement at this width: ``place_loops.kept_for_mask``)."""
 
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        in_features = mask.shape[1]
+        flat = mask.reshape(-1).nonzero().squeeze(1)  # by output, then input
+        nnz = len(flat)
+        column = torch.repeat_interleave(torch.arange(width), _cuts(nnz, width).diff(), output_size=nnz)
+        # Within each column, by input then output: a stable sort keeps the output order of one input.
+        keys = int32_if_fits(column * in_features + flat % in_features, width * in_features)
+        key, order = torch.sort(keys, stable=True)
+        return flat[order], key.to(torch.int64)
 
-def _bounds(
-    key: torch.Tensor, column: torch.Tensor, width: int, height: int, in_features: int, drift: int | None
-) -> torch.Tensor:
-    """``[width, height + 1]``: where each region row's run of each column starts (and the last ends),
-    as positions in the nonzeros given in (column, input) order with ``key = column * in + input``.
-
-    Each column's run is cut into ``height`` equal runs; with ``drift``, row by row, each cut evens out
-    what is left of the column but stays within ``drift`` input features of its lane's boundary.
-    """
-    per_column = torch.bincount(column, minlength=width)
-    column_start = torch.cumsum(per_column, 0) - per_column
-    end = column_start + per_column
-    r = torch.arange(1, height)
-    if drift is None:
-        cut = column_start[:, None] + r[None, :] * per_column[:, None] // height  # [width, height - 1]
-    else:  # row by row over all columns at once: the next cut evens out what is left, near its lane
-        lane = lane_bounds(in_features, height)[1:-1]
-        base = torch.arange(width)[:, None] * in_features
-        lo = torch.searchsorted(key, (base + (lane - drift).clamp(min=0)[None, :]).reshape(-1))
-        hi = torch.searchsorted(key, (base + (lane + drift)[None, :]).reshape(-1))
-        lo, hi = lo.view(width, -1), hi.view(width, -1)
-        cut = torch.empty((width, height - 1), dtype=torch.int64)
-        prev = column_start
-        for k in range(height - 1):
-            want = prev + (end - prev) // (height - k)
-            prev = cut[:, k] = torch.maximum(torch.minimum(torch.maximum(want, lo[:, k]), hi[:, k]), prev)
-    return torch.cat([column_start[:, None], cut, end[:, None]], 1)
-
-
-def _small(key: torch.Tensor, bound: int) -> torch.Tensor:
-    """``key`` as int32 when every value is below ``bound`` < 2**31 (sorting int32 is faster)."""
-    return key.to(torch.int32) if bound < 2**31 else key
+    return place_loops.kept_for_mask(mask, ("by column", width), build)
 
 
 def _ranges(index: torch.Tensor, pe: torch.Tensor, per_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,6 +21,9 @@ offsets, row indices and values. The arrays are the tensor form's, bit for bit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 import torch
 
@@ -28,7 +31,9 @@ from sparsefx.runtime.compiled import available, lazy
 from sparsefx.runtime.encoding import row_index_dtype
 from sparsefx.runtime.layout import ones_runs, row_cuts
 
-__all__ = ["place", "arrays"]
+__all__ = ["place", "arrays", "cut_rows", "kept_for_mask"]
+
+T = TypeVar("T")
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # values move as raw bits
 
@@ -51,22 +56,15 @@ def place(
         counts = torch.zeros(width * in_features, dtype=torch.int64)
         column = np.empty(nnz, np.int64)
         _count(j, width, in_features, column, counts.numpy())
-    ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
-    torch.cumsum(counts.view(width, in_features), 1, out=ptr[:, 1:])
-    total = ptr[:, -1]
-    column_start = torch.cumsum(total, 0) - total
-    cuts = row_cuts(ptr, total, in_features, height, drift)
-    zero = torch.zeros((width, 1), dtype=torch.int64)
-    bounds = column_start[:, None] + torch.cat([zero, cuts, total[:, None]], 1)  # [width, height + 1]
-    per_pe = bounds.diff(dim=1).t().reshape(-1)  # PE (c, r) is r * width + c
+    ptr, bounds = cut_rows(counts.view(width, in_features), height, drift)
     nz_ptr = torch.zeros(pes + 1, dtype=torch.int64)
-    torch.cumsum(per_pe, 0, out=nz_ptr[1:])
-    cursor = (column_start[:, None] + ptr[:, :-1]).reshape(-1)  # where each (column, input) run starts
+    torch.cumsum(bounds.diff(dim=1).t().reshape(-1), 0, out=nz_ptr[1:])  # PE (c, r) is r * width + c
     bits = weight.detach().contiguous().view(_BITS[weight.element_size()]).reshape(-1).numpy()
     si, sj, sv = np.empty(nnz, np.int64), np.empty(nnz, np.int64), np.empty(nnz, bits.dtype)
     if dense:
         _runs(first.contiguous().numpy(), counts.contiguous().numpy(), bits, si, sj, sv)
     else:
+        cursor = (bounds[:, :1] + ptr[:, :-1]).reshape(-1)  # where each (column, input) run starts
         _scatter(i, j, column, in_features, cursor.numpy(), bits, si, sj, sv)
     by_column = torch.zeros((4, width, height), dtype=torch.int64)  # in_lo, in_hi, out_lo, out_hi
     _ranges(si, sj, bounds.numpy(), by_column.numpy())
@@ -83,6 +81,25 @@ def place(
     )  # fmt: skip
     values = torch.from_numpy(values).view(weight.dtype)
     return arrays(out_lo, out_hi, in_lo, in_hi, nz_ptr, col_ptr_off, col_ptr, row_idx, values)
+
+
+def cut_rows(counts: torch.Tensor, height: int, drift: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ptr, bounds)`` of a placement whose region column ``c`` holds ``counts[c, j]`` nonzeros of
+    input ``j``: ``ptr[c, j]``, those of column ``c`` before input ``j``; ``bounds[c, r]``, where PE
+    (c, r)'s run starts among all the nonzeros in (column, input, output) order (``bounds[c, height]``
+    where the column's ends), its rows cut by ``runtime.layout.row_cuts``.
+
+        >>> ptr, bounds = cut_rows(torch.tensor([[2, 1], [0, 3]]), 2, None)
+        >>> ptr.tolist(), bounds.tolist()
+        ([[0, 2, 3], [0, 0, 3]], [[0, 1, 3], [3, 4, 6]])
+    """
+    width, in_features = counts.shape
+    ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
+    torch.cumsum(counts, 1, out=ptr[:, 1:])
+    total = ptr[:, -1]
+    cuts = row_cuts(ptr, total, in_features, height, drift)
+    zero = torch.zeros((width, 1), dtype=torch.int64)
+    return ptr, (torch.cumsum(total, 0) - total)[:, None] + torch.cat([zero, cuts, total[:, None]], 1)
 
 
 def arrays(
@@ -111,21 +128,31 @@ def arrays(
     }
 
 
-_LAST: list = []  # the last mask placed, its version, and its nonzeros
+_LAST: list = []  # the last mask placed, its version, the key kept and what was kept for it
+
+
+def kept_for_mask(mask: torch.Tensor, key: object, build: Callable[[], T]) -> T:
+    """``build()``, kept for the last ``mask`` and ``key``: the tuner places one kernel at several
+    widths and limits in a row, each time with a new view of the same mask (``detach``), so a view of
+    the same memory, unchanged, finds it (the entry holds the mask alive)."""
+    if _LAST and _same_memory(_LAST[0], mask) and _LAST[1] == mask._version and _LAST[2] == key:
+        return _LAST[3]
+    value = build()
+    _LAST[:] = [mask, mask._version, key, value]
+    return value
 
 
 def _nonzeros(mask: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Output and input of each nonzero of ``mask``, in output order. The tuner places one kernel at
-    several widths in a row, each time with a new view of the same mask (``detach``), so the last
-    mask's are kept while the same memory holds it unchanged (the entry holds the mask alive)."""
-    if _LAST and _same_memory(_LAST[0], mask) and _LAST[1] == mask._version:
-        return _LAST[2]
-    m = mask.contiguous().numpy()
-    n = int(np.count_nonzero(m))
-    i, j = np.empty(n, np.int64), np.empty(n, np.int64)
-    _nonzeros_pass(m, i, j)
-    _LAST[:] = [mask, mask._version, (i, j)]
-    return i, j
+    """Output and input of each nonzero of ``mask``, in output order (kept for the next placement)."""
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        m = mask.contiguous().numpy()
+        n = int(np.count_nonzero(m))
+        i, j = np.empty(n, np.int64), np.empty(n, np.int64)
+        _nonzeros_pass(m, i, j)
+        return i, j
+
+    return kept_for_mask(mask, "nonzeros", build)
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
