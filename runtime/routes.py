@@ -101,12 +101,15 @@ def _luts() -> np.ndarray:
     return out
 
 
+_LUTS = _luts()
+
+
 def _expand_compiled(runs: torch.Tensor, mesh: MeshSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     lengths = runs[:, 3].clamp(min=0)
     starts = torch.zeros(len(runs) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=starts[1:])
     out = torch.empty((3, int(starts[-1])), dtype=torch.int64)
-    _expand_loop(runs.numpy(), starts.numpy(), _luts(), mesh.width, mesh.height, out.numpy())
+    _expand_loop(runs.numpy(), starts.numpy(), _LUTS, mesh.width, mesh.height, out.numpy())
     return out[0], out[1], out[2]
 
 

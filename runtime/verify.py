@@ -31,7 +31,7 @@ import torch
 from sparsefx.errors import ProgramFormatError, VerifyError
 
 from .cost import features_of
-from .encoding import PACKED_ROLES, is_packed, sparse_arrays
+from .encoding import PACKED_ROLES, int32_if_fits, is_packed, sparse_arrays
 from .memory import pe_bytes
 from .mesh import Dir
 from .program import MODES, OPS, ArraySpec, Kernel, ProgramData, Region, Route
@@ -548,12 +548,15 @@ def _check_batch(p: ProgramData, table: _Table, batch: list[int]) -> torch.Tenso
     to_host = table.to_host[routes[within[ends]]]
     checked = route_checks(within, pe, rx, tx, ends, to_host, p.mesh.width, p.mesh.height)
     if checked is None:  # the tensor form: sorted by (route, PE)
-        key = _narrow(within * pes + pe, len(routes) * pes)
+        key = int32_if_fits(within * pes + pe, len(routes) * pes)
         order = torch.argsort(key)
         skey = key[order]
         twice = (skey[1:] == skey[:-1]).nonzero()
         _check_twice(p, batch, int(skey[int(twice[0])]) if len(twice) else -1)
-        _check_hops(p, routes, within[ends], pe[ends], tx[ends], rx[order], skey, table.to_host)
+        bad = _hop_flags(
+            within[ends], pe[ends], tx[ends], rx[order], skey, to_host, p.mesh.width, p.mesh.height
+        )
+        _report_hop(p, routes, within[ends], pe[ends], bad)
     else:
         _check_twice(p, batch, checked[0])
         _report_hop(p, routes, within[ends], pe[ends], checked[1])
@@ -590,21 +593,22 @@ def _check_twice(p: ProgramData, batch: list[int], key: int) -> None:
     )
 
 
-def _check_hops(
-    p: ProgramData,
-    routes: torch.Tensor,
+def _hop_flags(
     route: torch.Tensor,
     pe: torch.Tensor,
     tx: torch.Tensor,
     sorted_rx: torch.Tensor,
     sorted_key: torch.Tensor,
-    host_bound: torch.Tensor,
-) -> None:
-    """Every hop a PE sends is received by the neighbour's entry of the same route (or leaves to the host);
-    ``route``: each sender's place in ``routes``, as ``sorted_key`` counts them."""
-    width, height, pes = p.mesh.width, p.mesh.height, p.mesh.pes
+    to_host: torch.Tensor,
+    width: int,
+    height: int,
+) -> torch.Tensor:
+    """``[4, senders]``: whether each sender's hop N, E, S or W is received by no neighbour's entry of
+    its route (off the mesh: unless its route ends at the host, ``to_host``); ``route``: each sender's
+    place in its batch, as ``sorted_key`` (``place * pes + pe``, ascending) counts them. The tensor form
+    of ``verify_loops.route_checks``."""
+    pes = width * height
     x, y = pe % width, pe // width
-    to_host = host_bound[routes[route]]
     bad = torch.zeros((4, len(pe)), dtype=torch.bool)
     for i, d in enumerate(_HOPS):
         sends = (tx & int(d)) != 0
@@ -617,7 +621,7 @@ def _check_hops(
         at = torch.searchsorted(sorted_key, want).clamp(max=len(sorted_key) - 1)
         found = (sorted_key[at] == want) & ((sorted_rx[at] & int(d.opposite)) != 0)
         bad[i] = (sends & ~edge & ~found) | (sends & edge & ~to_host)
-    _report_hop(p, routes, route, pe, bad)
+    return bad
 
 
 _HOPS = (Dir.N, Dir.E, Dir.S, Dir.W)
@@ -688,22 +692,21 @@ def _check_step_conflicts(
 
 def _clash(p: ProgramData, key: torch.Tensor, who: torch.Tensor) -> None:
     """Raise if two entries of different routes (``who``) share a ``key`` (its last factor the PE)."""
-    found = first_clash(key, who, p.mesh.pes)
-    if found is not None:
-        if found[0] >= 0:
-            _report_clash(p, found[1], found[2], found[0] % p.mesh.pes)
-        return
-    order = torch.argsort(_narrow(key, int(key.max()) + 1 if len(key) else 0), stable=True)
+    found = first_clash(key, who, p.mesh.pes) or _first_clash_sorted(key, who)
+    if found[0] >= 0:
+        _report_clash(p, found[1], found[2], found[0] % p.mesh.pes)
+
+
+def _first_clash_sorted(key: torch.Tensor, who: torch.Tensor) -> tuple[int, int, int]:
+    """``verify_loops.first_clash`` in tensor form: a stable sort by key, then the first neighbours of
+    one key and two routes."""
+    order = torch.argsort(int32_if_fits(key, int(key.max()) + 1 if len(key) else 0), stable=True)
     k, w = key[order], who[order]
     clash = ((k[1:] == k[:-1]) & (w[1:] != w[:-1])).nonzero()
-    if len(clash):
-        j = int(clash[0])
-        _report_clash(p, int(w[j]), int(w[j + 1]), int(k[j]) % p.mesh.pes)
-
-
-def _narrow(key: torch.Tensor, bound: int) -> torch.Tensor:
-    """``key`` as int32 when every value is below ``bound`` < 2**31: int32 keys sort twice as fast."""
-    return key.to(torch.int32) if bound < 2**31 else key
+    if not len(clash):
+        return -1, 0, 0
+    j = int(clash[0])
+    return int(k[j]), int(w[j]), int(w[j + 1])
 
 
 def _report_clash(p: ProgramData, first: int, second: int, pe: int) -> None:

@@ -54,7 +54,7 @@ def test_a_run_east_with_a_tap_and_a_ramp_in() -> None:
 def test_route_checks_match_the_tensor_form(seed: int) -> None:
     """The compiled per-route checks (``runtime/verify_loops.py``) find the duplicate PEs and the hops
     no one receives that the tensor form finds by sorting (``verify._check_batch``)."""
-    from sparsefx.runtime import verify_loops
+    from sparsefx.runtime import verify, verify_loops
 
     g = torch.Generator().manual_seed(seed)
     width, height, routes_n = 7, 5, 6
@@ -76,32 +76,22 @@ def test_route_checks_match_the_tensor_form(seed: int) -> None:
     assert first == (int(skey[int(twice[0])]) if len(twice) else -1)
     if first >= 0:
         return  # the verifier stops at the duplicate
-    x, y = pe[ends] % width, pe[ends] // width
-    hops = ((1, (0, -1), 4), (2, (1, 0), 8), (4, (0, 1), 1), (8, (-1, 0), 2))  # N, E, S, W: bit, step, back
-    for i, (bit, (dx, dy), back) in enumerate(hops):
-        sends = (tx[ends] & bit) != 0
-        nx, ny = x + dx, y + dy
-        edge = (nx < 0) | (nx >= width) | (ny < 0) | (ny >= height)
-        want = within[ends] * pes + (ny * width + nx).clamp(0, pes - 1)
-        at = torch.searchsorted(skey, want).clamp(max=len(skey) - 1)
-        found = (skey[at] == want) & ((rx[order][at] & back) != 0)
-        assert torch.equal(bad[i], (sends & ~edge & ~found) | (sends & edge & ~to_host)), i
+    tensor_form = verify._hop_flags(within[ends], pe[ends], tx[ends], rx[order], skey, to_host, width, height)
+    assert torch.equal(bad, tensor_form)
 
 
 @pytest.mark.parametrize("seed", range(16))
 def test_first_clash_matches_a_stable_sort(seed: int) -> None:
     """The compiled clash check finds the least shared key and the pair of routes a stable sort by key
     puts next to each other first, as the tensor form (``verify._clash``) reports them."""
-    from sparsefx.runtime import verify_loops
+    from sparsefx.runtime import verify, verify_loops
 
     g = torch.Generator().manual_seed(seed)
     pes, n = 30, int(torch.randint(1, 200, (1,), generator=g))
     key = torch.randint(0, 5, (n,), generator=g) * pes + torch.randint(0, pes, (n,), generator=g)
     who = torch.randint(0, [1, 3, 40][seed % 3], (n,), generator=g)
-    order = torch.argsort(key, stable=True)
-    k, w = key[order], who[order]
-    clash = ((k[1:] == k[:-1]) & (w[1:] != w[:-1])).nonzero()
-    want = (int(k[int(clash[0])]), int(w[int(clash[0])]), int(w[int(clash[0]) + 1])) if len(clash) else None
     got = verify_loops.first_clash(key, who, pes)
-    assert got is not None
-    assert (got if got[0] >= 0 else None) == want
+    assert got is not None and got == verify._first_clash_sorted(key, who)
+    order = torch.argsort(key, stable=True)  # a clash is two routes on one key, or none is
+    k, w = key[order], who[order]
+    assert (got[0] >= 0) == bool(((k[1:] == k[:-1]) & (w[1:] != w[:-1])).any())
