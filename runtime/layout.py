@@ -47,6 +47,7 @@ __all__ = [
     "dense_layout",
     "balanced_ones",
     "row_cuts",
+    "cut_rows",
     "ones_runs",
 ]
 
@@ -142,12 +143,9 @@ def ones_runs(in_f: int, out_f: int, width: int) -> tuple[torch.Tensor, torch.Te
 def _balanced_ones(in_f: int, out_f: int, width: int, height: int, drift: int | None) -> Layout:
     n = in_f * out_f
     first, count = ones_runs(in_f, out_f, width)
-    ptr = torch.zeros((width, in_f + 1), dtype=torch.int64)
-    torch.cumsum(count, 1, out=ptr[:, 1:])
-    total = ptr[:, -1]
-    cuts = row_cuts(ptr, total, in_f, height, drift)
-    starts = torch.cat([torch.zeros((width, 1), dtype=torch.int64), cuts], 1)  # [width, height]
-    ends = torch.cat([cuts, total[:, None]], 1)
+    ptr, bounds = cut_rows(count, height, drift)
+    bounds = bounds - bounds[:, :1]  # from each column's start
+    starts, ends = bounds[:, :-1].contiguous(), bounds[:, 1:].contiguous()  # [width, height]
     lo = torch.searchsorted(ptr, starts, right=True) - 1
     hi = torch.searchsorted(ptr, (ends - 1).clamp(min=0), right=True)
     s, e, lo, hi = (t.T.reshape(-1) for t in (starts, ends, lo, hi))  # PE order: row-major in the region
@@ -195,12 +193,31 @@ def _ones_compiled(
     return Layout(in_f, out_f, in_lo, in_hi, out[0], out[1], counts)
 
 
+def cut_rows(counts: torch.Tensor, height: int, drift: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ptr, bounds)`` of a balanced placement whose region column ``c`` holds ``counts[c, j]``
+    nonzeros of input ``j``: ``ptr[c, j]``, those of column ``c`` before input ``j``; ``bounds[c, r]``,
+    where PE (c, r)'s run starts among all the nonzeros in (column, input, output) order
+    (``bounds[c, height]`` where the column's ends), its rows cut by ``row_cuts``.
+
+        >>> ptr, bounds = cut_rows(torch.tensor([[2, 1], [0, 3]]), 2, None)
+        >>> ptr.tolist(), bounds.tolist()
+        ([[0, 2, 3], [0, 0, 3]], [[0, 1, 3], [3, 4, 6]])
+    """
+    width, in_features = counts.shape
+    ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
+    torch.cumsum(counts, 1, out=ptr[:, 1:])
+    total = ptr[:, -1]
+    cuts = row_cuts(ptr, total, in_features, height, drift)
+    zero = torch.zeros((width, 1), dtype=torch.int64)
+    return ptr, (torch.cumsum(total, 0) - total)[:, None] + torch.cat([zero, cuts, total[:, None]], 1)
+
+
 def row_cuts(
     ptr: torch.Tensor, total: torch.Tensor, in_f: int, height: int, drift: int | None
 ) -> torch.Tensor:
     """``[width, height - 1]`` cuts of each column's run into rows, counted from the column's start:
     equal runs, or with ``drift`` row by row, each evening out the rest within ``drift`` inputs of its
-    lane's boundary (``place_balanced._bounds``)."""
+    lane's boundary: the rule of every balanced placement."""
     r = torch.arange(1, height)
     if drift is None:
         return r[None, :] * total[:, None] // height

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from sparsefx.runtime.encoding import int32_if_fits
+from sparsefx.runtime.layout import cut_rows
 
 from . import place_loops
 
@@ -56,7 +57,7 @@ def _tensor_form(
     # PE (c, r) holds the run [bounds[c, r], bounds[c, r + 1]) of column c's nonzeros: taken in PE order
     # (row-major in the region), each PE's stay by input, then output.
     counts = torch.bincount(key, minlength=width * in_features).view(width, in_features)
-    bounds = place_loops.cut_rows(counts, height, drift)[1]
+    bounds = cut_rows(counts, height, drift)[1]
     first = bounds[:, :-1].t().reshape(-1)
     per_pe = (bounds[:, 1:] - bounds[:, :-1]).t().reshape(-1)
     nz_ptr = torch.zeros(pes + 1, dtype=torch.int64)

@@ -6,7 +6,7 @@ small's LM head at 90% (3.9 million nonzeros), placed a dozen times while the lo
 width. Counting gives the same order without a sort. One pass lists the mask's nonzeros in output
 order (kept for the next width); one counts each region column's nonzeros of each input (a nonzero's
 column follows from its place in output order, as the first cut has it), and the running counts give
-each (column, input) run its start and the row cuts (``runtime.layout.row_cuts``, the rule
+each (column, input) run its start and the row cuts (``runtime.layout.cut_rows``, the rule
 ``place_balanced`` follows); one drops every nonzero, with its value, into its run in output order,
 which is the stable sort's tie rule; two walk each PE's run, for its ranges and then for its column
 offsets, row indices and values. The arrays are the tensor form's, bit for bit
@@ -29,9 +29,9 @@ import torch
 
 from sparsefx.runtime.compiled import available, lazy
 from sparsefx.runtime.encoding import row_index_dtype
-from sparsefx.runtime.layout import ones_runs, row_cuts
+from sparsefx.runtime.layout import cut_rows, ones_runs
 
-__all__ = ["place", "arrays", "cut_rows", "kept_for_mask"]
+__all__ = ["place", "arrays", "kept_for_mask"]
 
 T = TypeVar("T")
 
@@ -81,25 +81,6 @@ def place(
     )  # fmt: skip
     values = torch.from_numpy(values).view(weight.dtype)
     return arrays(out_lo, out_hi, in_lo, in_hi, nz_ptr, col_ptr_off, col_ptr, row_idx, values)
-
-
-def cut_rows(counts: torch.Tensor, height: int, drift: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ptr, bounds)`` of a placement whose region column ``c`` holds ``counts[c, j]`` nonzeros of
-    input ``j``: ``ptr[c, j]``, those of column ``c`` before input ``j``; ``bounds[c, r]``, where PE
-    (c, r)'s run starts among all the nonzeros in (column, input, output) order (``bounds[c, height]``
-    where the column's ends), its rows cut by ``runtime.layout.row_cuts``.
-
-        >>> ptr, bounds = cut_rows(torch.tensor([[2, 1], [0, 3]]), 2, None)
-        >>> ptr.tolist(), bounds.tolist()
-        ([[0, 2, 3], [0, 0, 3]], [[0, 1, 3], [3, 4, 6]])
-    """
-    width, in_features = counts.shape
-    ptr = torch.zeros((width, in_features + 1), dtype=torch.int64)
-    torch.cumsum(counts, 1, out=ptr[:, 1:])
-    total = ptr[:, -1]
-    cuts = row_cuts(ptr, total, in_features, height, drift)
-    zero = torch.zeros((width, 1), dtype=torch.int64)
-    return ptr, (torch.cumsum(total, 0) - total)[:, None] + torch.cat([zero, cuts, total[:, None]], 1)
 
 
 def arrays(
