@@ -1,4 +1,4 @@
-"""Streaming: norms and one-input elementwise ops spread over the mesh's columns in row tiles.
+"""Streaming: norms, softmaxes and one-input elementwise ops spread over the mesh's columns in row tiles.
 
 A kernel without weights on one column of a streaming program does all of its lanes' work on one PE
 a lane while the rest of the mesh idles: GPT-2 small's GELU takes 13,824 cycles there and 6,239 over
@@ -18,17 +18,25 @@ reference executor 3.5x slower on gpt-tiny for a few percent of GPT-2 small's cy
 more than ``SPREAD_ROWS`` rows stays on one column: its result, spread, leaves values beside the
 sparse matmuls that cut their blocks short (GPT-2 small at 90% on 64x64:
 at 128 and 512 tokens a step spreading saved 7% and 4% of the sparse run, with the norm in five
-tiles; at 2,048 it cost 7%). Other kernels keep ``place.max_width``::
+tiles; at 2,048 it cost 7%). A softmax is the exception on both counts. Its reader is the attention's
+context matmul, which holds no weights, so its result cuts no sparse matmul's blocks short, whatever its
+rows; and each of its elements costs its PE an exponent, a subtraction and a division, more than the
+round trip west costs the shares of a tiled reader's input: spread over GPT-2 small's 64 columns in two
+tiles of two columns, it took the sparse run at 90% from 1,321,157 to 1,270,289 cycles (whole model
+3.78x to 3.89x, 1 x 128 tokens), on 4 x 128 from 4,235,677 to 4,126,693. Other kernels keep
+``place.max_width``::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
     >>> from .builder import Pending
     >>> ln = Pending("ln", "layer_norm", ("x",), (128, 768), "float32", {})
     >>> gelu = Pending("gelu", "elementwise", ("fc",), (128, 3072), "float32", {})
     >>> add = Pending("add", "elementwise", ("x", "y"), (128, 768), "float32", {})
-    >>> caps([ln, gelu, add], [1, 1, 1], 64, MeshSpec(64, 64), HardwareSpec(), "streaming")
-    [12, 48, 1]
-    >>> caps([ln, gelu, add], [1, 1, 1], 64, MeshSpec(64, 64), HardwareSpec(), "pipelined")
-    [1, 1, 1]
+    >>> probs = Pending("probs", "softmax", ("scores",), (1, 12, 128, 128), "float32", {"dim": -1})
+    >>> ctx = Pending("ctx", "matmul", ("probs", "v"), (1, 12, 128, 64), "float32", {})
+    >>> caps([ln, gelu, add, probs, ctx], [1] * 5, 64, MeshSpec(64, 64), HardwareSpec(), "streaming")
+    [12, 48, 1, 4, 64]
+    >>> caps([ln, gelu, add, probs, ctx], [1] * 5, 64, MeshSpec(64, 64), HardwareSpec(), "pipelined")
+    [1, 1, 1, 1, 64]
 """
 
 from __future__ import annotations
@@ -51,23 +59,30 @@ SPREAD_ROWS = 512
 matmuls' blocks (module docstring)."""
 
 
-def _candidate(p: Pending) -> bool:
+def _candidate(p: Pending, weighted_reader: bool) -> bool:
+    """A norm, a softmax or a one-input elementwise op, of at most ``SPREAD_ROWS`` rows when a sparse
+    matmul reads it (``weighted_reader``; a softmax read by none may have any rows)."""
     one_input = p.op == "elementwise" and len(p.inputs) == 1
-    return (p.op == "layer_norm" or one_input) and rows_of(p.shape) <= SPREAD_ROWS
+    if p.op not in ("layer_norm", "softmax") and not one_input:
+        return False
+    return rows_of(p.shape) <= SPREAD_ROWS or (p.op == "softmax" and not weighted_reader)
 
 
 def spreads(pending: list[Pending]) -> list[bool]:
     """Which kernels a streaming program spreads (module docstring): candidates with no neighbour
-    that is an activation matmul or another candidate."""
-    tiled = {p.name for p in pending if p.op == "matmul" or _candidate(p)}
+    that is another candidate, nor, but for a softmax, an activation matmul."""
     readers: dict[str, set[str]] = {}
     for p in pending:
         for name in p.inputs:
             readers.setdefault(name, set()).add(p.name)
+    weighted = {p.name for p in pending if p.op == "sparse_matmul"}
+    candidates = {p.name for p in pending if _candidate(p, bool(readers.get(p.name, set()) & weighted))}
+    matmuls = {p.name for p in pending if p.op == "matmul"}
     out = []
     for p in pending:
         neighbours = set(p.inputs) | readers.get(p.name, set())
-        out.append(_candidate(p) and not neighbours & tiled)
+        tiled = candidates if p.op == "softmax" else candidates | matmuls
+        out.append(p.name in candidates and not neighbours & tiled)
     return out
 
 
