@@ -233,13 +233,15 @@ class FastClock:
         b: int,
         x: torch.Tensor,
         y: torch.Tensor,
+        through: bool | None = None,
     ) -> list[torch.Tensor]:
         """For each value ``kernel`` reads, ``(value, feats, key)``: ``[blocks, n]``, when feature
         ``feats[n]`` of each block reaches the PE at ``(x, y)``. ``key`` names ``feats``, ``x`` and ``y``
         among the kernel's structures (``_kept``). The values' messages that fork up or down the kernel's
         columns queue on those links together, as the reference's do (two operands of an attention
-        matmul share the column they climb)."""
-        shared = self._shared_departs([value for value, _, _ in reads], kernel)
+        matmul share the column they climb). ``through``: where stored values' messages meet
+        (``_shared_departs``)."""
+        shared = self._shared_departs([value for value, _, _ in reads], kernel, through)
         plans = [self._plan(read, kernel, blocks, b, x, y, shared.get(read[0])) for read in reads]
         queued = [p for p in plans if p.queue is not None]
         if queued:
@@ -265,21 +267,43 @@ class FastClock:
         Each tile reads every message (it keeps its share of the rows); where no message forks up or
         down a column, a tile's arrivals are tile 0's moved by its extra hops along the lanes."""
         first = self.arrivals(reads, kernel, blocks, b, x[0], y)
+        here = self._on_column0(reads, kernel, blocks, b, x[0], y, first)
         if x.shape[0] == 1:
-            return [a[None] for a in first]
+            return [a[None] for a in here]
         if any(self._forked(read, kernel, x[0], y) for read in reads):
             tiled = [
                 self.arrivals([(v, fs, (*key, "tile", t)) for v, fs, key in reads], kernel, blocks, b, xt, y)
                 for t, xt in enumerate(x[1:], 1)
             ]
-            return [torch.stack([a, *(t[i] for t in tiled)]) for i, a in enumerate(first)]
+            return [torch.stack([a, *(t[i] for t in tiled)]) for i, a in enumerate(here)]
         hop = self.hw.hop_cycles
         out = []
-        for (value, _, _), a in zip(reads, first):
+        for (value, _, _), a, a0 in zip(reads, first, here):
             flow = self.flows[value]
             moved = (self._hops(flow, x) - self._hops(flow, x[0])[None, :]) * hop  # [tiles, n]
-            out.append(a[None] + moved[:, None, :])
+            at = a[None] + moved[:, None, :]
+            at[0] = a0
+            out.append(at)
         return out
+
+    def _on_column0(
+        self,
+        reads: list[_Read],
+        kernel: Kernel,
+        blocks: int,
+        b: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        first: list[torch.Tensor],
+    ) -> list[torch.Tensor]:
+        """``first`` (``arrivals`` at ``(x, y)``), but where a PE of a streaming kernel wider than one
+        column is on column 0: it takes the stored values' messages off column 0's router, before they
+        queue for the link east out of it, as a one-column reader does (``ramps.py``)."""
+        on0 = x == 0
+        if not (self.streaming and kernel.region.width > 1 and bool(on0.any())):
+            return first
+        off = self.arrivals(reads, kernel, blocks, b, x, y, through=False)
+        return [torch.where(on0[None, :], a0, a) for a0, a in zip(off, first)]
 
     def _forked(self, read: _Read, kernel: Kernel, x: torch.Tensor, y: torch.Tensor) -> bool:
         """Whether any message of ``read`` forks up or down a column to reach ``(x, y)``."""
@@ -288,15 +312,19 @@ class FastClock:
         args = ("arrivals", flow.features, flow.lanes) + key
         return bool(self._kept(kernel, args, lambda: self._forks(flow, feats, x, y))[1])
 
-    def _shared_departs(self, values: list[str], kernel: Kernel) -> dict[str, torch.Tensor]:
+    def _shared_departs(
+        self, values: list[str], kernel: Kernel, through: bool | None = None
+    ) -> dict[str, torch.Tensor]:
         """Streaming: the departures of stored values a kernel reads whose messages meet on the links
-        of a row (``ramps.shared_departs``), by value; a value that meets none is not in it."""
+        of a row (``ramps.shared_departs``), by value; a value that meets none is not in it.
+        ``through``: they go on east of column 0 (default: where the kernel is wider than one column)."""
         if not self.streaming:
             return {}
         stored = self._stored(values)
         if len(stored) < 2:
             return {}
-        through = kernel.region.width > 1  # messages go on east of column 0
+        if through is None:
+            through = kernel.region.width > 1
         ramps = [links_of(self.flows[v], self.row0(v), through) for v in stored]
         groups: list[tuple[list[str], set[int]]] = []  # values that share a ramp, joined
         for v, used in zip(stored, ramps):
@@ -858,6 +886,8 @@ class FastClock:
         else:
             ready = fin[0] + to_east
         flow = self._out_flow(k, ready, b, wave)
+        if flow.back is not None and tiles > 1 and r.x == 0:  # tile 0's shares leave from column 0
+            flow.home0 = (self.waves(rows[0], k.dtype), px[0] == 0)
         busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pes_b.reshape(-1), cost_b.reshape(-1))
         ran = (cost_b > 0).reshape(-1).to(torch.int64)
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from .arbiter import round_robin
 from .queues import fifo
 from .timeline import Flow
 
@@ -38,7 +39,7 @@ def shared_departs(
     order; ``rows0[i]``: the mesh row of flow ``i``'s lane 0): when each message's head would leave
     its producer's east column, the links of each row shared (module docstring; ``hop``: cycles a
     hop; ``through``: the reader is wider than one column). A flow alone leaves as ``flow.depart(t0)``."""
-    ready, link, sends, key, shift = [], [], [], [], []
+    ready, link, sends, color, message = [], [], [], [], []
     for i, (flow, row0) in enumerate(zip(flows, rows0)):
         # on its east column each lane's ramp is its queue; kept where made, its lane's schedule, in
         # the order of that queue (ready, then block, then feature)
@@ -47,23 +48,44 @@ def shared_departs(
         r = queue if flow.back is None else flow.depart(t0).reshape(-1)
         r = r + at
         ways = _links(flow, row0, through)[None, :].expand(flow.blocks, -1).reshape(-1).contiguous()
-        order = torch.argsort(queue, stable=True)  # the flow's own queue
-        order = order[torch.argsort(ways[order], stable=True)]
-        place = torch.empty_like(order)
-        place[order] = torch.arange(len(order))
-        start = torch.searchsorted(ways[order], ways, side="left")  # the link's first entry of the flow
-        ready.append(r)
-        link.append(ways)
-        sends.append(flow.sends.reshape(-1))
-        key.append((place - start) * len(flows) + i)  # waiting together: round-robin by value
-        shift.append(at)
-    key_all = torch.cat(key)
-    given = torch.argsort(key_all, stable=True)
-    r_all, link_all, s_all = (torch.cat(t)[given] for t in (ready, link, sends))
-    depart = torch.empty_like(r_all)
-    depart[given] = fifo(link_all, r_all, s_all) - s_all
-    parts = depart.split([f.ready.numel() for f in flows])
-    return [d.view(f.blocks, f.features) - at for d, f, at in zip(parts, flows, shift)]
+        cost = flow.sends.reshape(-1)
+        n = torch.arange(len(r))
+        first = _column0_share(flow, through)
+        if first is not None:  # its share on column 0 takes column 0's ramp, the rest follow it west
+            on0 = (first > 0).nonzero().squeeze(1)
+            rest = (cost > first) | (first == 0)
+            queue = torch.cat([queue[on0], queue[rest]])
+            r = torch.cat([r[on0], (r + first)[rest]])
+            ways = torch.cat([ways[on0] + 1, ways[rest]])
+            cost = torch.cat([first[on0], (cost - first)[rest]])
+            n = torch.cat([n[on0], n[rest]])
+        order = torch.argsort(queue, stable=True)  # the flow's own queue: ties in it go in its order
+        ready.append(r[order])
+        link.append(ways[order])
+        sends.append(cost[order])
+        color.append(torch.full_like(order, i))
+        message.append(n[order])
+    done = round_robin(*(torch.cat(t) for t in (link, ready, sends, color))) + torch.cat(sends)
+    out = []
+    for flow, d, n in zip(flows, done.split([len(m) for m in message]), message):
+        whole = torch.full((flow.ready.numel(),), torch.iinfo(torch.int64).min, dtype=torch.int64)
+        whole.scatter_reduce_(0, n, d, "amax")  # a message is there when its last share is
+        out.append((whole - flow.sends.reshape(-1)).view(flow.blocks, flow.features) - flow.east * hop)
+    return out
+
+
+def _column0_share(flow: Flow, through: bool) -> torch.Tensor | None:
+    """``[blocks * features]``: wavelets of each message's share kept on column 0 (``Flow.home0``) where
+    they leave through column 0's ramp (the reader on column 0 alone, ``through`` False) and the message
+    is sent whole (a filtered one's end mark rides on its last share); None where no share is there."""
+    if through or flow.home0 is None:
+        return None
+    wave, here = flow.home0
+    if not bool(here.any()):
+        return None
+    whole = flow.sends == flow.wave[:, None]
+    first = torch.where(whole & here[None, :], wave[:, None].expand_as(whole), 0)
+    return torch.minimum(first, flow.sends).reshape(-1)
 
 
 def _links(flow: Flow, row0: int, through: bool) -> torch.Tensor:
@@ -78,7 +100,12 @@ def _links(flow: Flow, row0: int, through: bool) -> torch.Tensor:
 
 def links_of(flow: Flow, row0: int, through: bool) -> set[int]:
     """The links where ``flow``'s messages meet other values' (``shared_departs``' numbering)."""
-    return set(torch.unique(_links(flow, row0, through)).tolist())
+    ways = _links(flow, row0, through)
+    first = _column0_share(flow, through)
+    if first is not None:  # the shares on column 0 take its ramp
+        on0 = (first.view(flow.blocks, flow.features) > 0).any(dim=0)
+        ways = torch.cat([ways, ways[on0] + 1])
+    return set(torch.unique(ways).tolist())
 
 
 def output_departs(

@@ -32,7 +32,6 @@ def digest(t: torch.Tensor) -> tuple:
     return tuple(t.shape), str(t.dtype), hashlib.blake2b(data.numpy().tobytes(), digest_size=20).digest()
 
 
-
 def lane_sends(wave: torch.Tensor, live: torch.Tensor | None, bounds: torch.Tensor) -> torch.Tensor:
     """``[blocks, features]``: wavelets each message of a value puts on its lane, zeros filtered at the
     sender. ``wave[q]``: wavelets of a message of block ``q``; ``live[q, f]``: whether message ``(q, f)``
@@ -85,6 +84,9 @@ class Flow:
     # [blocks, features] streaming, a program output: its departures in its own step, where the
     # stored values that step reads leave through the same ramps (``ramps.output_departs``)
     own: torch.Tensor | None = None
+    # [blocks] streaming, kept in row tiles from column 0: wavelets of each block's share on column 0,
+    # and [features] which features' column-0 share is there (``ramps.shared_departs``); None: no tiles
+    home0: tuple[torch.Tensor, torch.Tensor] | None = None
     _departs: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)  # ``waiting``, ``done``: copies share
 
@@ -195,7 +197,6 @@ class Flow:
         if "done" not in self._shared:
             self._shared["done"] = int((self.depart() + self.sends).max()) - first
         return self._shared["done"] + first
-
 
     def end(self, streaming: bool, t0: int) -> int:
         """When the kernel whose result this is ends, in either executor: its last message has left
