@@ -7,11 +7,15 @@ producer's east column, or, for a result that stays where it was made (``Flow.ba
 ``runtime/homes.py``), the column of its share, which it leaves at its lane's slot moved by the hops
 it saves, so that it passes column 0 when it would have from the east column. Messages of the values
 a step reads that are on one row meet: all of them on the link out of column 0 when the reader is
-wider than one column, else those that come from east of column 0 on the westward link into it and
-those kept on column 0 on its ramp. Each link passes one message at a time, and messages that are
-waiting together go round-robin by value (the reference's colors, one per value, in program order),
-first come first served within a value, in the order they would pass column 0. A kernel that reads
-two stored values, a residual add say, gets them interleaved, not each as fast as if it were alone::
+wider than one column, else (a reader on column 0 alone, or a wider reader's PEs on column 0, which
+take them off column 0's router) those that come from east of column 0 on the westward link into it
+and those kept on column 0 on its ramp; a row tile's share of a message kept on column 0
+(``Flow.home0``) takes the ramp, and the shares east of it the westward link, and the message is there
+when its last share is. Each link passes one message at a time: when it frees, the messages waiting
+for it go round-robin by value (the reference's colors, one per value, in program order), first come
+first served within a value (``arbiter.round_robin``, the reference fabric's rule). A kernel that
+reads two stored values, a residual add say, gets them interleaved, not each as fast as if it were
+alone, and a value whose messages come late is not held back by one that waits whole::
 
     >>> import torch
     >>> from sparsefx.runtime.timeline import Flow
@@ -70,7 +74,9 @@ def shared_departs(
     for flow, d, n in zip(flows, done.split([len(m) for m in message]), message):
         whole = torch.full((flow.ready.numel(),), torch.iinfo(torch.int64).min, dtype=torch.int64)
         whole.scatter_reduce_(0, n, d, "amax")  # a message is there when its last share is
-        out.append((whole - flow.sends.reshape(-1)).view(flow.blocks, flow.features) - flow.east * hop)
+        left = (whole - flow.sends.reshape(-1)).view(flow.blocks, flow.features) - flow.east * hop
+        # a filtered message takes no link: it keeps its lane's slot (its readers go by the end mark)
+        out.append(torch.where(flow.sends > 0, left, flow.depart(t0)))
     return out
 
 
