@@ -31,19 +31,20 @@ def round_robin(
 ) -> torch.Tensor:
     """When each message starts on its link (module docstring): ``link``, ``ready`` (when its head reaches
     the link), ``cost`` (its wavelets: cycles it holds the link) and ``color``, one entry a message; ties
-    within a color go in the given order. Returns int64 starts in the given order."""
+    within a color go in the given order. Returns int64 starts in the given order, on ``link``'s device
+    (the queue is one sequential walk: it runs on the host, like the rest of the clock's scheduling)."""
     n = link.numel()
-    start = ready.to(torch.int64).clone()
     if n == 0:
-        return start
-    args = [t.to(torch.int64) for t in (link, color, ready, cost)]
-    order = np.lexsort([np.arange(n)] + [t.numpy() for t in reversed(args[:3])])  # link, color, ready
-    link_s, color_s, ready_s, cost_s = (np.ascontiguousarray(t.numpy()[order]) for t in args)
+        return torch.zeros(0, dtype=torch.int64, device=link.device)
+    args = [t.to(torch.int64).cpu().numpy() for t in (link, color, ready, cost)]
+    order = np.lexsort([np.arange(n), args[2], args[1], args[0]])  # link, color, ready, given order
+    link_s, color_s, ready_s, cost_s = (np.ascontiguousarray(a[order]) for a in args)
     out = np.empty(n, dtype=np.int64)
-    loop = _serve_loop if available(*args) else _serve
+    loop = _serve_loop if available(torch.from_numpy(out)) else _serve
     loop(link_s, color_s, ready_s, cost_s, out)
-    start[torch.from_numpy(order)] = torch.from_numpy(out)
-    return start
+    start = np.empty(n, dtype=np.int64)
+    start[order] = out
+    return torch.from_numpy(start).to(link.device)
 
 
 def _serve(link, color, ready, cost, start):  # pragma: no cover - also runs compiled
