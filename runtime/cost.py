@@ -203,8 +203,8 @@ def row_streaming(program: ProgramData, kernel: Kernel, value: str) -> bool:
 
 def element_ops(kernel: Kernel) -> int:
     """SIMD operations per result element that the kernel alone determines: the kind's ``element_ops``,
-    4 for a transcendental function, 2 for a batch norm (``ops_per_element`` adds what the inputs'
-    shapes decide).
+    4 for a transcendental function, 2 for a batch norm, one more for a causal softmax's select
+    (``ops_per_element`` adds what the inputs' shapes decide).
 
     >>> from sparsefx.runtime.program import Region
     >>> element_ops(Kernel("act", "elementwise", Region(0, 0, 1, 1), ("x",), (8, 4), "float32",
@@ -215,6 +215,8 @@ def element_ops(kernel: Kernel) -> int:
         return 4
     if kernel.op == "elementwise" and kernel.attrs.get("fn") == "batch_norm":
         return 2
+    if kernel.op == "softmax" and kernel.attrs.get("causal"):
+        return op_kind(kernel.op).element_ops + 1  # the select that leaves out the later keys
     return op_kind(kernel.op).element_ops
 
 

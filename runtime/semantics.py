@@ -246,9 +246,15 @@ def _pool(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.
 def _softmax(program: ProgramData, k: Kernel, inputs: list[torch.Tensor]) -> torch.Tensor:
     _count(k, inputs, 1)
     log, dim = bool(_attr(k, "log", bool, False)), _attr(k, "dim", int)
-    out = (torch.log_softmax if log else torch.softmax)(inputs[0], dim)
+    x = inputs[0]
+    if _attr(k, "causal", bool, False):  # attention's causal softmax: query i reads keys j <= i
+        if x.dim() < 2 or dim % x.dim() != x.dim() - 1:
+            raise EmulationError(f"kernel {k.name!r}: a causal softmax runs over the last of 2 or more dims")
+        keep = torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).tril()
+        x = x.masked_fill(~keep, float("-inf"))
+    out = (torch.log_softmax if log else torch.softmax)(x, dim)
     if _attr(k, "safe", bool, False):  # attention's softmax: a row that attends to nothing is 0, not NaN
-        out = out.masked_fill((inputs[0] == float("-inf")).all(dim, keepdim=True), 0.0)
+        out = out.masked_fill((x == float("-inf")).all(dim, keepdim=True), 0.0)
     return out
 
 

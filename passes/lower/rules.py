@@ -709,17 +709,6 @@ def _sdpa(b: Builder, c: Call) -> Any:
     scores_shape = (*qs[:-1], ks[-2])
     scores = torch.empty(scores_shape, dtype=out.dtype)
     s = _act_matmul(b, c, q, k, transpose_b=True, scale=scale, name=f"{base}_scores", out=scores)
-    if causal:
-        L, S = qs[-2], ks[-2]
-        keep = torch.ones(L, S, dtype=torch.bool).tril(diagonal=0)
-        bias = torch.zeros(L, S, dtype=out.dtype).masked_fill(~keep, float("-inf"))
-        s = b.emit(
-            f"{base}_causal",
-            "elementwise",
-            [s, b.const(bias, f"{base}_causal_mask")],
-            scores,
-            {"fn": "add", "args": [{"in": 0}, {"in": 1}], "kwargs": {}},
-        )
     if mask is not None:
         if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=out.dtype).masked_fill(~mask, float("-inf"))
@@ -730,6 +719,8 @@ def _sdpa(b: Builder, c: Call) -> Any:
             attrs = {"fn": "add", "args": [{"in": 0}, {"in": 1}], "kwargs": {}}
         s = b.emit(f"{base}_masked", "elementwise", [s, m], scores, attrs)
     attrs = {"dim": len(scores_shape) - 1, "log": False, "safe": True}  # as torch: a fully masked row is 0
+    if causal:  # the softmax leaves out the keys after each query itself: no mask is made or sent
+        attrs["causal"] = True
     p = b.emit(f"{base}_probs", "softmax", [s], scores, attrs)
     ref = _act_matmul(b, c, p, v, name=base, out=out)
     return (ref, *([None] * (len(c.out) - 1))) if isinstance(c.out, tuple) else ref

@@ -21,10 +21,14 @@ at 128 and 512 tokens a step spreading saved 7% and 4% of the sparse run, with t
 tiles; at 2,048 it cost 7%). A softmax is the exception on both counts. Its reader is the attention's
 context matmul, which holds no weights, so its result cuts no sparse matmul's blocks short, whatever its
 rows; and each of its elements costs its PE an exponent, a subtraction and a division, more than the
-round trip west costs the shares of a tiled reader's input: spread over GPT-2 small's 64 columns in two
-tiles of two columns, it took the sparse run at 90% from 1,321,157 to 1,270,289 cycles (whole model
-3.78x to 3.89x, 1 x 128 tokens), on 4 x 128 from 4,235,677 to 4,126,693. Other kernels keep
-``place.max_width``::
+round trip west costs the shares of a tiled reader's input. Between two attention matmuls its block
+is all its rows, so a PE's task starts only once its whole message is in, and the PE of a lane's last
+feature has no later message to work behind: it takes as many tiles as keep a PE's work on its message
+within the message's delivery (GPT-2 small, fp32: 6 operations an element at 2 a cycle against one
+wavelet, three tiles of two columns). On GPT-2 small at 90% (1 x 128 tokens, 64x64) spreading the
+softmax in two tiles took the sparse run from 1,321,157 to 1,270,289 cycles (whole model 3.78x to
+3.89x); with the causal mask applied inside it (``rules.py``: no mask kernel) 1,225,649 (4.00x), and
+in three tiles 1,216,457 (4.02x). Other kernels keep ``place.max_width``::
 
     >>> from sparsefx.runtime.mesh import HardwareSpec, MeshSpec
     >>> from .builder import Pending
@@ -34,7 +38,7 @@ tiles of two columns, it took the sparse run at 90% from 1,321,157 to 1,270,289 
     >>> probs = Pending("probs", "softmax", ("scores",), (1, 12, 128, 128), "float32", {"dim": -1})
     >>> ctx = Pending("ctx", "matmul", ("probs", "v"), (1, 12, 128, 64), "float32", {})
     >>> caps([ln, gelu, add, probs, ctx], [1] * 5, 64, MeshSpec(64, 64), HardwareSpec(), "streaming")
-    [12, 48, 1, 4, 64]
+    [12, 48, 1, 6, 64]
     >>> caps([ln, gelu, add, probs, ctx], [1] * 5, 64, MeshSpec(64, 64), HardwareSpec(), "pipelined")
     [1, 1, 1, 1, 64]
 """
@@ -93,6 +97,8 @@ def _width(p: Pending, lanes: int, mesh: MeshSpec, hw: HardwareSpec) -> int:
     per_lane = tile_columns(k, features_of(p.shape))  # its widest lane's features, one a column
     element = element_ops(k) / simd(p.dtype, hw)  # cycles an element takes its PE
     delivery = per_lane * wavelets(1, p.dtype, hw)  # cycles the lane takes to bring each of them
+    if p.op == "softmax":  # its task waits for its whole message: keep up with one message, not a lane
+        delivery = wavelets(1, p.dtype, hw)
     return max(1, min(mesh.width, per_lane * math.ceil(element / delivery)))
 
 
