@@ -101,7 +101,7 @@ def test_a_crowded_pe_widens_the_one_column_layout_whose_result_it_keeps() -> No
     that result, so where it crowds a step's PE the lowering widens it too (``held.crowded``)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=4, d_model=64, vocab_size=256, max_seq_len=64)).eval()
-    ids = torch.randint(0, 256, (1, 32))
+    ids = torch.randint(0, 256, (1, 64))  # the heads wait beside the attention scores
     p = sparsefx.lower(sparsefx.compile(model, 0.9, (ids,)), (ids,), mesh=(8, 8), mode="streaming")
     peak = held_peak(p)
     index = {k.name: i for i, k in enumerate(p.kernels)}
