@@ -185,6 +185,10 @@ def _critical(program: ProgramData, timeline: Timeline) -> list[KernelTime]:
         last = max(timeline.output_done, key=lambda n: timeline.output_done[n])
     else:
         last = max(by_name, key=lambda n: by_name[n].end) if by_name else None
+    if program.mode == "streaming" and last in index:
+        # a step starts when the one before it ends, and its stored inputs are sent again from then:
+        # every step up to the last output's is on the path, whichever input it waited on
+        return timeline.kernels[: index[last] + 1]
     path = []
     while last is not None and last in by_name:
         kt = by_name[last]
