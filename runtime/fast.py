@@ -265,9 +265,15 @@ class FastClock:
     ) -> list[torch.Tensor]:
         """``arrivals`` at every row tile's PEs, ``x`` ``[tiles, n]``: ``[tiles, blocks, n]`` each.
         Each tile reads every message (it keeps its share of the rows); where no message forks up or
-        down a column, a tile's arrivals are tile 0's moved by its extra hops along the lanes."""
-        first = self.arrivals(reads, kernel, blocks, b, x[0], y)
-        here = self._on_column0(reads, kernel, blocks, b, x[0], y, first)
+        down a column, a tile's arrivals are tile 0's beyond column 0 moved by its extra hops along the
+        lanes."""
+        first = here = self.arrivals(reads, kernel, blocks, b, x[0], y)
+        on0 = x[0] == 0
+        if self.streaming and kernel.region.width > 1 and bool(on0.any()):
+            # a PE on column 0 takes the stored values' messages off column 0's router, before they
+            # queue for the link east out of it, as a one-column reader does (``ramps.py``)
+            off = self.arrivals(reads, kernel, blocks, b, x[0], y, through=False)
+            here = [torch.where(on0[None, :], a0, a) for a0, a in zip(off, first)]
         if x.shape[0] == 1:
             return [a[None] for a in here]
         if any(self._forked(read, kernel, x[0], y) for read in reads):
@@ -285,25 +291,6 @@ class FastClock:
             at[0] = a0
             out.append(at)
         return out
-
-    def _on_column0(
-        self,
-        reads: list[_Read],
-        kernel: Kernel,
-        blocks: int,
-        b: int,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        first: list[torch.Tensor],
-    ) -> list[torch.Tensor]:
-        """``first`` (``arrivals`` at ``(x, y)``), but where a PE of a streaming kernel wider than one
-        column is on column 0: it takes the stored values' messages off column 0's router, before they
-        queue for the link east out of it, as a one-column reader does (``ramps.py``)."""
-        on0 = x == 0
-        if not (self.streaming and kernel.region.width > 1 and bool(on0.any())):
-            return first
-        off = self.arrivals(reads, kernel, blocks, b, x, y, through=False)
-        return [torch.where(on0[None, :], a0, a) for a0, a in zip(off, first)]
 
     def _forked(self, read: _Read, kernel: Kernel, x: torch.Tensor, y: torch.Tensor) -> bool:
         """Whether any message of ``read`` forks up or down a column to reach ``(x, y)``."""
