@@ -154,6 +154,22 @@ def test_run_matches_pytorch_and_accounts_for_every_cycle(builtins, name, mode):
     assert excess == pytest.approx(s.cycles - s.dense.dense_cycles * (1 - s.dense.sparsity))
 
 
+def test_a_streaming_runs_critical_path_is_every_step_and_each_part_is_its_steps(builtins):
+    """A streaming step starts when the one before it ends and sends its stored inputs again from
+    then, so every step up to the last output's is on the critical path, in program order, and the
+    dense ops' part is exactly the steps of the kernels that are not sparse matmuls (a walk back
+    through the input each step waited on last skipped steps and charged them to the next kernel)."""
+    sm, args = builtins["gpt-tiny"]
+    program = sparsefx.lower(sm, args, mesh=(16, 16), mode="streaming")
+    s = sparsefx.run(program, _fresh(args)).stats
+    assert s.critical_path == [k.name for k in s.kernels][: len(s.critical_path)]
+    assert s.critical_path[-1] == max(s.kernels, key=lambda k: k.end).name
+    ends = [0] + [k.end for k in s.kernels]
+    steps = {k.name: k.end - ends[i] for i, k in enumerate(s.kernels)}
+    dense_steps = sum(steps[k.name] for k in s.kernels if k.op != "sparse_matmul")
+    assert s.parts["dense_ops"] == dense_steps and sum(s.parts.values()) == s.cycles
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_dense_baseline_is_the_all_ones_model_lowered_for_real(mode):
     torch.manual_seed(0)
