@@ -40,7 +40,7 @@ def round_robin(
     order = np.lexsort([np.arange(n), args[2], args[1], args[0]])  # link, color, ready, given order
     link_s, color_s, ready_s, cost_s = (np.ascontiguousarray(a[order]) for a in args)
     out = np.empty(n, dtype=np.int64)
-    loop = _serve_loop if available(torch.from_numpy(out)) else _serve
+    loop = _serve_loop if available() else _serve  # host arrays: numba, when installed and allowed
     loop(link_s, color_s, ready_s, cost_s, out)
     start = np.empty(n, dtype=np.int64)
     start[order] = out
@@ -91,10 +91,8 @@ def _serve(link, color, ready, cost, start):  # pragma: no cover - also runs com
                         lowest = g
                     if pick < 0 and col[g] > last:
                         pick = g
-            if pick < 0:
-                pick = lowest
-            if pick < 0:
-                continue
+            if pick < 0:  # no color after the last served waits: the lowest that does (one always
+                pick = lowest  # does: the head that came first is there by ``now``)
             e = head[pick]
             start[e] = now
             free = now + cost[e]
