@@ -109,15 +109,15 @@ def test_speedups_stay_within_their_ideals_and_sparser_is_never_slower(name: str
 
 
 def test_a_speedup_above_the_flop_ratio_is_named_with_the_utilizations_behind_it() -> None:
-    """LLaMA with its cache, pipelined on 96x8, one column per kernel at least: the dense matmuls share
-    the 28 columns left, and sparsity frees some of them. Its latency at 99% gains 2.100x against a FLOP
-    ratio of 2.012x, with 6.0% of the PEs busy against the baseline's 4.8%. The run says so: each figure
-    above the ratio comes with the sparse program keeping more of the mesh busy than its baseline (a
-    speedup is busy work saved times that), which is what lets it exceed. Sparser is still never
-    slower. (Its throughput at 90% also gained 2.0x against 1.843x while the vector operations of other
-    kernels' tasks started for free; each paying its start, the dense ops set both programs' intervals,
-    and it gains 1.08x.)"""
-    runs = _runs("hf-llama-cache", "pipelined", mesh=(96, 8), sparsities=(0.9, 0.99))
+    """LLaMA with its cache, pipelined on 70x8, one column per kernel at least: the dense matmuls share
+    the few columns left, and sparsity frees some of them. Its latency at 99% gains 2.158x against a FLOP
+    ratio of 2.012x, with 4.9% of the PEs busy against the baseline's 3.7% (at 90%: 1.955x against
+    1.843x). The run says so: each figure above the ratio comes with the sparse program keeping more of
+    the mesh busy than its baseline (a speedup is busy work saved times that), which is what lets it
+    exceed. Sparser is still never slower. (On 96x8 this happened too before the pipelined stages were
+    balanced, 2.100x; with the baseline's columns shared by what its own kernels measure, as the
+    program's are, it gains 1.601x there.)"""
+    runs = _runs("hf-llama-cache", "pipelined", mesh=(70, 8), sparsities=(0.9, 0.99))
     assert runs[1].cycles <= runs[0].cycles
     named = 0
     for s, stats in zip((0.9, 0.99), runs):

@@ -15,6 +15,7 @@ reason.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -23,13 +24,14 @@ from sparsefx.errors import LoweringError
 from sparsefx.runtime.baseline import dense_program
 from sparsefx.runtime.layout import Layout, balanced_ones
 from sparsefx.runtime.mesh import MeshSpec
-from sparsefx.runtime.program import Kernel, ProgramData
+from sparsefx.runtime.program import Kernel, ProgramData, Region
 
 from .blocks import plan_blocks
 from .builder import Pending
 from .place import min_width, regions, work
 from .split_streamed import plan_passes
 from .spread import caps as spread_caps
+from .stages import Stages, measured, rebalance
 from .tiles import with_tiles
 from .tune import DRIFTS, Choice, Report, hidden_behind, rowwise, search
 
@@ -81,6 +83,19 @@ def plan_dense(
         for k in program.kernels:
             k.attrs.pop("dense", None)
         return
+    _plan(program, regs, sized, widths, report)
+    if program.mode == "pipelined":
+        _balance(program, sized, widths, caps, lanes, report)
+
+
+def _plan(
+    program: ProgramData,
+    regs: list[Region],
+    sized: list[tuple[int, int]],
+    widths: list[int],
+    report: Report | None,
+) -> None:
+    """Write the dense plan for regions ``regs``: tiles, mappings (``_tune``) and block sizes."""
     for k, r, (_, passes) in zip(program.kernels, regs, sized):
         k.attrs["dense"] = {"region": [r.x, r.y, r.width, r.height], "passes": passes}
         tiles = with_tiles(dataclasses.replace(k, region=r, attrs=dict(k.attrs))).attrs.get("row_tiles")
@@ -96,6 +111,38 @@ def plan_dense(
         name = k.name.rsplit(".dense", 1)[0]
         if "rows_in_flight" in k.attrs:
             program.kernel(name).attrs["dense"]["rows_in_flight"] = k.attrs["rows_in_flight"]
+
+
+def _balance(
+    program: ProgramData,
+    sized: list[tuple[int, int]],
+    mins: list[int],
+    caps: list[int],
+    lanes: int,
+    report: Report | None,
+) -> None:
+    """Pipelined: the dense plan's columns shared again by what its kernels measure, as the program's
+    own are (``stages.py``): the baseline gets the same effort."""
+    names = [k.name for k in program.kernels]
+
+    def measure() -> Stages[dict]:
+        baseline = dense_program(program)
+        assert baseline is not None
+        timed = measured(baseline)
+        plans = {k.name: copy.deepcopy(k.attrs["dense"]) for k in program.kernels}
+        return Stages(plans, timed.widths, timed.interval, timed.latency, timed.busy)
+
+    def build(widths: list[int]) -> Stages[dict] | None:
+        try:
+            regs = regions(widths, [0.0] * len(widths), program.mesh, lanes, "pipelined", caps, names)
+        except LoweringError:
+            return None
+        _plan(program, regs, sized, mins, report)
+        return measure()
+
+    best = rebalance(measure(), build, mins, caps, program.mesh.width)
+    for k in program.kernels:
+        k.attrs["dense"] = best.program[k.name]
 
 
 def _tune(program: ProgramData, narrowest: dict[str, int], report: Report | None) -> dict[str, int]:

@@ -39,6 +39,7 @@ from .place import lanes_for, min_width, regions, work
 from .place_sparse import place_sparse
 from .split_streamed import plan_passes
 from .spread import caps as spread_caps
+from .stages import Stages, measured, rebalance
 from .tiles import with_tiles
 from .tune import tune_sparse
 
@@ -221,6 +222,26 @@ class PlaceData:
         return p, grow
 
 
+def _balanced_stages(state: LoweringState, report: Any) -> DataflowProgram:
+    """The pipelined program with its columns shared again by what each kernel measures (``stages.py``),
+    each share placed, planned and timed as the first was."""
+    lanes, mesh, mins = state.meta["lanes"], state.mesh, list(state.widths)
+    caps = spread_caps(state.pending, mins, lanes, mesh, state.hardware, state.mode)
+    label = None if report is None else _labelled(report, "stages balanced")
+
+    def build(widths: list[int]) -> Stages[DataflowProgram] | None:
+        try:
+            program, _ = PlaceData()._fit(state, lanes, [0.0] * len(widths), list(widths))
+        except LoweringError:
+            return None
+        narrowest = {p.name: w for p, w in zip(state.pending, mins)}
+        plan_blocks(program, tune_sparse(program, state.pending, narrowest, state.placement, label))
+        return measured(program)
+
+    assert state.program is not None
+    return rebalance(measured(state.program), build, mins, caps, mesh.width).program
+
+
 def _labelled(report: Any, label: str) -> Any:
     """``report`` with ``label`` after each kernel's name."""
     return lambda name, done, total: report(f"{name} ({label})", done, total)
@@ -282,6 +303,8 @@ class PlanBlocks:
         if len(candidates) > 1:
             candidates = sorted(candidates, key=lambda pw: _finish(pw[0]))
         state.program, state.widths = candidates[0]
+        if state.mode == "pipelined":
+            state.program = _balanced_stages(state, report)
         program = state.program
         assert program is not None
         plan_dense(program, state.pending, state.meta["lanes"], report)
