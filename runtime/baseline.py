@@ -38,9 +38,9 @@ def unavailable(program: ProgramData) -> str | None:
 
 
 def _plain(k: Kernel, region: Region, plan: dict) -> Kernel:
-    mapping = ("dense", "rows_in_flight", "drift", "row_tiles")  # the real kernel's: the plan has its own
+    mapping = ("dense", "rows_in_flight", "drift", "row_tiles", "result_rows")  # the plan has its own
     attrs = {key: value for key, value in k.attrs.items() if key not in mapping}
-    for key in ("rows_in_flight", "row_tiles"):
+    for key in ("rows_in_flight", "row_tiles", "result_rows"):
         if key in plan:
             attrs[key] = plan[key]
     arrays = dict(k.arrays)

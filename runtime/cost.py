@@ -175,10 +175,14 @@ def rows_of(shape: tuple[int, ...]) -> int:
 
 def block_rows(kernel: Kernel) -> int:
     """Rows per block of a kernel's result: its ``rows_in_flight`` (``ROWS_IN_FLIGHT`` when unset, as
-    the SRAM model assumes) for a row-wise kernel; all rows at once for any other."""
+    the SRAM model assumes) for a row-wise kernel; for any other all rows at once, or its
+    ``result_rows``: a kernel that waits for the whole of its inputs may still send its result in
+    blocks (a head merge, in the blocks of the matmul that reads it, ``blocks.result_blocks``)."""
     rows = max(rows_of(kernel.shape), 1)
     if not row_streaming_op(kernel):
-        return rows
+        given = kernel.attrs.get("result_rows", rows)
+        ok = isinstance(given, int) and not isinstance(given, bool) and given > 0
+        return min(given, rows) if ok else rows
     given = kernel.attrs.get("rows_in_flight", ROWS_IN_FLIGHT)
     if isinstance(given, int) and not isinstance(given, bool) and given > 0:
         return min(given, rows)

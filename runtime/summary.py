@@ -114,6 +114,8 @@ def mapping(k: Kernel) -> str:
     a, parts = k.attrs, []
     if "rows_in_flight" in a:
         parts.append(f"{a['rows_in_flight']} rows a block")
+    if "result_rows" in a:
+        parts.append(f"result in {a['result_rows']}-row blocks")
     if int(a.get("row_tiles", 1)) > 1:
         parts.append(f"{a['row_tiles']} row tiles")
     if a.get("drift") is not None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from sparsefx.runtime.alone import kernel_alone
-from sparsefx.runtime.cost import row_streaming, rows_of
+from sparsefx.runtime.cost import block_rows, row_streaming, row_streaming_op, rows_of
 from sparsefx.runtime.estimate import busiest_pe, sparse_alone
 from sparsefx.runtime.held import kept_beside
 from sparsefx.runtime.layout import Layout, layout
@@ -274,3 +274,28 @@ def plan_blocks(program: ProgramData, known: Mapping[str, int] | None = None) ->
             continue
         k.attrs["rows_in_flight"] = b
         chosen[k.name] = b
+    result_blocks(program)
+
+
+def result_blocks(program: ProgramData) -> None:
+    """In a streaming program, a layout change that waits for the whole of its input (a head merge: each
+    row of its result gathers every head) sends its result in the blocks its readers stream
+    (``attrs["result_rows"]``, ``cost.block_rows``): its input is whole when it starts, so nothing
+    makes it wait to send the first rows, and a matmul reading it in blocks starts on the first
+    block's messages instead of waiting for every row of every feature of its lane."""
+    if program.mode != "streaming":
+        return
+    readers: dict[str, list[Kernel]] = {}
+    for k in program.kernels:
+        for v in dict.fromkeys(k.inputs):
+            readers.setdefault(v, []).append(k)
+    for k in program.kernels:
+        k.attrs.pop("result_rows", None)
+        if k.op != "layout" or row_streaming_op(k) or k.name in program.outputs:
+            continue
+        them = readers.get(k.name, [])
+        if not them or not all(row_streaming(program, r, k.name) for r in them):
+            continue
+        b = min(block_rows(r) for r in them)
+        if b < rows_of(k.shape):
+            k.attrs["result_rows"] = b

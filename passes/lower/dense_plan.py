@@ -5,8 +5,9 @@ the spare columns by work, the same caps), then picks the dense kernels' block s
 search as the real program (``blocks.py``), in weight-streaming mode their widths and with the
 balanced placement their row-cut limits (``tune.py``): the balanced placement of an all-ones weight
 is a geometry too (``runtime/layout.py``), and it evens out outputs that the columns do not divide.
-It writes ``attrs["dense"] = {"region", "passes", "rows_in_flight"}`` on every kernel (a balanced
-matmul's also ``"placement"`` and, when it has one, ``"drift"``); ``runtime/baseline.py`` builds the
+It writes ``attrs["dense"] = {"region", "passes", "rows_in_flight"}`` on every kernel (a head merge's
+also ``"result_rows"``, a balanced matmul's ``"placement"`` and, when it has one, ``"drift"``);
+``runtime/baseline.py`` builds the
 dense program from them. In weight-streaming mode a dense matmul whose data needs more columns than
 the mesh has runs in ``passes`` over slices of its outputs, as the real lowering does. A dense model
 that cannot be placed layer-pipelined is recorded in ``program.meta["dense_unavailable"]`` with the
@@ -109,8 +110,9 @@ def _plan(
     plan_blocks(baseline, found)
     for k in baseline.kernels:
         name = k.name.rsplit(".dense", 1)[0]
-        if "rows_in_flight" in k.attrs:
-            program.kernel(name).attrs["dense"]["rows_in_flight"] = k.attrs["rows_in_flight"]
+        for key in ("rows_in_flight", "result_rows"):
+            if key in k.attrs:
+                program.kernel(name).attrs["dense"][key] = k.attrs[key]
 
 
 def _balance(
