@@ -53,6 +53,8 @@ __all__ = [
     "ZERO_SKIPPING",
     "ELEMENT_OPS",
     "TRANSCENDENTAL",
+    "EPILOGUES",
+    "epilogue_cycles",
     "wavelets",
     "simd",
     "vector_cycles",
@@ -81,6 +83,10 @@ TRANSCENDENTAL = frozenset(
     {"exp", "log", "tanh", "sigmoid", "gelu", "silu", "erf", "sqrt", "rsqrt", "pow", "div"}
 )
 """Elementwise functions that cost 4 operations per element (a polynomial or an iteration)."""
+
+EPILOGUES = frozenset({"gelu", "relu", "silu", "tanh"})
+"""Activations a sparse matmul applies itself where each sum is whole (``attrs["epilogue"]``,
+``passes/lower/fuse_epilogues.py``): each maps zero to zero, so an all-zero sum stays filtered."""
 
 
 def wavelets(elements: int, dtype: str, hw: HardwareSpec) -> int:
@@ -150,6 +156,17 @@ def partial_add_cycles(rows: int, dtype: str, hw: HardwareSpec) -> int:
     GEMV mapping of REFERENCE §4 reduces partial sums along the fabric, the cost of an add is not
     published)."""
     return vector_cycles(rows, dtype, hw)
+
+
+def epilogue_cycles(kernel: Kernel, rows: int, hw: HardwareSpec) -> int:
+    """A sparse matmul's epilogue on one whole sum of a block of ``rows`` (0 without one): a task on the
+    PE that holds the sum, doing the activation's operations on each value (4 for a transcendental one,
+    1 for a ReLU)."""
+    epilogue = kernel.attrs.get("epilogue")
+    if not isinstance(epilogue, dict):
+        return 0
+    ops = 4 if epilogue.get("fn") in TRANSCENDENTAL else 1
+    return task_cycles(ops, rows, kernel.dtype, hw)
 
 
 def allreduce_cycles(lanes: int, hw: HardwareSpec) -> int:

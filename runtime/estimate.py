@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import torch
 
-from .blocking import block_sizes, kernel_lanes
-from .cost import axpy_cycles, partial_add_cycles, rows_of, wavelets
+from .blocking import block_sizes, feature_lanes, kernel_lanes
+from .cost import axpy_cycles, epilogue_cycles, partial_add_cycles, rows_of, wavelets
+from .homes import stays, sums
 from .intervals import Holders, column_load, lane_merges
 from .layout import Layout
 from .memo import kept
@@ -70,7 +71,8 @@ def _block_work(
 
 def busiest_pe(program: ProgramData, k: Kernel, s: Layout, b: int) -> int:
     """The busiest PE's cycles over every block of ``b`` rows, as the clock counts them with every input
-    sent: its tasks and the partial sums it adds (``intervals.merges``)."""
+    sent: its tasks, the partial sums it adds (``intervals.merges``) and, with an epilogue, the activation
+    of each whole sum that ends up on it."""
     if k.region.pes == 0:
         return 0
     columns, nonzeros = _per_pe(k, s)
@@ -80,7 +82,19 @@ def busiest_pe(program: ProgramData, k: Kernel, s: Layout, b: int) -> int:
     starts = sum(m for _, m in blocks) * hw.task_start_cycles
     axpys = sum(m * axpy_cycles(n, k.dtype, hw) for n, m in blocks)
     merges = sum(m * partial_add_cycles(n, k.dtype, hw) for n, m in blocks)
-    return int((columns * starts + nonzeros * axpys + _adds(k, s) * merges).max())
+    tasks = columns * starts + nonzeros * axpys + _adds(k, s) * merges
+    if "epilogue" in k.attrs:  # each whole sum's activation, on the PE where the sum ends up
+        each = sum(m * epilogue_cycles(k, n, hw) for n, m in blocks)
+        tasks = tasks + _finals(program, k, s.out_features) * each
+    return int(tasks.max())
+
+
+def _finals(program: ProgramData, k: Kernel, outputs: int) -> torch.Tensor:
+    """``[pes]``: the outputs whose whole sums end up on each PE (their own column, or the east edge)."""
+    r = k.region
+    column = sums(program, k)[1] if stays(program, k) else torch.full((outputs,), r.width - 1)
+    pe = feature_lanes(k, outputs) * r.width + column
+    return torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, torch.ones_like(pe))
 
 
 def _adds(k: Kernel, s: Layout) -> torch.Tensor:

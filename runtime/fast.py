@@ -46,6 +46,7 @@ from .blocking import (
 from .cost import (
     allreduce_cycles,
     block_rows,
+    epilogue_cycles,
     features_of,
     idle_tasks,
     load_cycles,
@@ -438,10 +439,13 @@ class FastClock:
 
     def situation(self, k: Kernel, t0: int) -> tuple:
         """``reuse.situation`` of ``k`` starting at ``t0``: its inputs' flows, the input vectors it is sent
-        (a sparse matmul) and, for an op that skips tasks making only zeros, its own result's zeros."""
+        (a sparse matmul) and, for an op that skips tasks making only zeros or a sparse matmul with an
+        epilogue, its own result's zeros."""
         seen = self._input_live(k)
         sent = None if seen is None else blocked(seen, block_rows(k))
-        own = self.live(k.name, block_rows(k)) if op_kind(k.op).skips_zero_tasks else None
+        # an epilogue's zeros (a ReLU's) decide which results are filtered, and so when the kernel ends
+        zeros_matter = op_kind(k.op).skips_zero_tasks or "epilogue" in k.attrs
+        own = self.live(k.name, block_rows(k)) if zeros_matter else None
         return reuse.situation(k, self.flows, t0, sent, own)
 
     def _input_live(self, k: Kernel) -> torch.Tensor | None:
@@ -551,12 +555,18 @@ class FastClock:
         south, north, ready = self._reduce(k, s, finish, active, summed, t0)
         if stays(self.p, k):
             ready = self._moved(k, ready, summed)
+        applied = None
+        if "epilogue" in k.attrs:
+            ready, applied = self._epilogue(k, ready, sizes, data)
         flow = self._out_flow(k, ready, b, wave_out)
         tasks = count * started  # their AXPYs
         overhead = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, task_overhead(started, tasks, hw))
         adds = self._kept(k, ("merges",), lambda: self._merges(k, s))  # per block with partial sums
         busy += adds * int(per_block(lambda n: partial_add_cycles(n, k.dtype, hw), sizes)[data].sum())
         overhead += task_overhead(0, adds * int(data.sum()), hw)
+        if applied is not None:  # (cycles, tasks) of each PE's epilogues
+            busy += applied[0]
+            overhead += applied[1] * hw.task_start_cycles
         axpys = int(tasks.sum())
         latest = {value: int(ready.max())} if ready.numel() else {}
         start = first if axpys else int(ready.min())
@@ -728,6 +738,27 @@ class FastClock:
         hops = (home - last).abs()[moving] * self.hw.hop_cycles
         out[:, moving] = done.view(blocks, -1) - cost + hops[None, :]
         return out
+
+    def _epilogue(
+        self, k: Kernel, ready: torch.Tensor, sizes: torch.Tensor, data: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """``ready`` once each output's epilogue (``cost.epilogue_cycles``) has run on the PE holding its
+        whole sum (its own column when the result stays, else the region's east edge; its lane's row),
+        one task at a time on each PE in the order the sums get there; and each PE's busy cycles and
+        tasks for them. A block in which no PE ran a task (``data`` False) has only zero sums: none runs."""
+        r, (blocks, out_f) = k.region, ready.shape
+        if stays(self.p, k):
+            column = self._kept(k, ("sums",), lambda: self._on_host(sums, k))[1]
+        else:
+            column = torch.full((out_f,), r.width - 1, dtype=torch.int64)
+        pe = feature_lanes(k, out_f) * r.width + column
+        each = torch.tensor([epilogue_cycles(k, int(n), self.hw) for n in sizes.tolist()], dtype=torch.int64)
+        cost = torch.where(data, each, 0)[:, None].expand(blocks, out_f).reshape(-1)
+        keys = pe[None, :].expand(blocks, out_f).reshape(-1)
+        done = fifo(keys, ready.reshape(-1), cost).view(blocks, out_f)
+        busy = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, keys, cost)
+        tasks = torch.zeros(r.pes, dtype=torch.int64).index_add_(0, keys, (cost > 0).to(torch.int64))
+        return done, (busy, tasks)
 
     @staticmethod
     def _per_feature(k: Kernel, s: Layout, ready: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,8 @@ pipelined program streams its values between kernels that run at once, so it kee
     >>> model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     >>> p = sparsefx.lower(sparsefx.compile(model, 0.9, (x,)), (x,), mesh=(8, 8), mode="streaming")
     >>> peak = held_peak(p)
-    >>> [k.name for k in p.kernels]  # the first linear, the ReLU, the second linear
-    ['masked_linear', '_1', 'masked_linear_1']
+    >>> [(k.name, k.attrs.get("epilogue", {}).get("fn")) for k in p.kernels]  # the ReLU: an epilogue
+    [('masked_linear', 'relu'), ('masked_linear_1', None)]
     >>> from sparsefx.runtime.homes import kept_where
     >>> x_, y_, nbytes = kept_where(p, p.kernels[0])  # the first linear's result: 8 features a lane,
     >>> sorted(set(nbytes.tolist())), len(set(zip(x_.tolist(), y_.tolist())))  # one a PE, 64 rows each

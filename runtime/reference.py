@@ -53,6 +53,7 @@ from .blocking import kernel_lanes
 from .cost import (
     allreduce_cycles,
     block_rows,
+    epilogue_cycles,
     features_of,
     idle_tasks,
     load_cycles,
@@ -158,6 +159,7 @@ class _Run:
         self.first: int | None = None  # the first task's arrival
         self.latest: dict[str, int] = {}  # per input: its last message's arrival
         self.fields: dict[str, Any] = {}  # the rest of the KernelTime
+        self.epilogue: list[int] | None = None  # a sparse matmul's epilogue cycles in each block
 
 
 class ReferenceMachine:
@@ -383,7 +385,7 @@ class ReferenceMachine:
             if k.op == "sparse_matmul" and home != x:  # a sum, along its lane to its own column
                 self._move(run, q, f, t, x, home, row, v.wave[q] if live else 0)
             elif then is None:
-                self._at_edge(run, q, f, t)
+                self._settled(run, q, f, t, x, row)
             else:
                 then(t, 0)
             return
@@ -393,7 +395,7 @@ class ReferenceMachine:
         def step(c: int, t: int) -> None:
             if c >= east:
                 if then is None:
-                    self._at_edge(run, q, f, t)
+                    self._settled(run, q, f, t, east, row)
                 else:
                     then(t, sends)
                 return
@@ -408,11 +410,23 @@ class ReferenceMachine:
 
         def step(c: int, t: int) -> None:
             if c == home:
-                self._at_edge(run, q, f, t)
+                self._settled(run, q, f, t, home, row)
                 return
             self.fabric.request((c, row, way), t, sends, run.out.color, lambda g: step(c + by, g + self.hop))
 
         step(x, t)
+
+    def _settled(self, run: _Run, q: int, f: int, t: int, x: int, row: int) -> None:
+        """Result ``(q, f)`` is where it stays, or at the region's edge, at ``t`` on PE ``(x, row)``: a
+        sparse matmul's epilogue (``cost.epilogue_cycles``) runs there as a task first."""
+        cost = run.epilogue[q] if run.epilogue is not None else 0
+        if not cost:
+            self._at_edge(run, q, f, t)
+            return
+        r = run.k.region
+        run.fields["busy"][(row - r.y) * r.width + (x - r.x)] += cost
+        run.fields["overhead"][(row - r.y) * r.width + (x - r.x)] += self.hw.task_start_cycles
+        self.cores.submit((x, row), t, q * run.out.features + f, cost, lambda e: self._at_edge(run, q, f, e))
 
     def _at_edge(self, run: _Run, q: int, f: int, t: int) -> None:
         """Result ``(q, f)`` is at the region's east edge at ``t``: ready for its readers."""
@@ -599,6 +613,8 @@ class ReferenceMachine:
             "axpys": axpys,
             "skipped_axpys": skipped_axpys,
         }
+        if "epilogue" in k.attrs:  # none runs in a block whose sums are all zero
+            run.epilogue = [epilogue_cycles(k, n, hw) if q in ran else 0 for q, n in enumerate(sizes)]
         done = [[_When() for _ in range(blocks)] for _ in range(r.pes)]
         self._reduce(run, s, done, [w if q in ran else 0 for q, w in enumerate(out.wave)], conv)
         for pe in range(r.pes):

@@ -27,6 +27,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,8 @@ import torch.nn.functional as F
 from sparsefx.errors import EmulationError
 
 from . import compiled
+from .cost import EPILOGUES
+from .elementwise import call
 from .memo import kept
 from .program import lane_bounds
 
@@ -379,4 +382,16 @@ def sparse_matmul(
         out = out.reshape(*x.shape[:-1], out_f)
     if "rows" in attrs and attrs["rows"] != rows:
         raise EmulationError(f"{where}: computes {rows} rows; the kernel was lowered for {attrs['rows']}")
-    return out
+    return _epilogue(out, attrs.get("epilogue"), where)
+
+
+def _epilogue(out: torch.Tensor, epilogue: Any, where: str) -> torch.Tensor:
+    """``out`` through the activation ``attrs["epilogue"]`` names (``cost.EPILOGUES``), if any."""
+    if epilogue is None:
+        return out
+    if not isinstance(epilogue, Mapping) or epilogue.get("fn") not in EPILOGUES:
+        raise EmulationError(f"{where}: epilogue {epilogue!r} is not one of {sorted(EPILOGUES)}")
+    kwargs = epilogue.get("kwargs", {})
+    if not isinstance(kwargs, Mapping):
+        raise EmulationError(f"{where}: epilogue kwargs {kwargs!r} are not a mapping")
+    return call(str(epilogue["fn"]), [out], dict(kwargs), where)

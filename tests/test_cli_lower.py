@@ -70,7 +70,7 @@ def test_inspect_program_tables_dot_and_png(program_file: str, tmp_path, capsys,
 def test_inspect_program_json(program_file: str, capsys) -> None:
     assert main(["inspect", program_file, "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["totals"]["kernels"] == len(data["kernels"]) == 5
+    assert data["totals"]["kernels"] == len(data["kernels"]) == 3  # the ReLUs are the layers' epilogues
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
@@ -83,7 +83,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
         main(["lower", "--model", "mlp", "--config", "0.9", "--mesh", "2x2", "-o", str(tmp_path / "x")]) == 2
     )
     err = capsys.readouterr().err.strip()
-    assert "needs at least 5 columns" in err and "streaming" in err and "\n" not in err
+    assert "needs at least 3 columns" in err and "streaming" in err and "\n" not in err
     assert not (tmp_path / "x").exists()
     assert (
         main(["lower", "--model", "mlp", "--config", "0.9", "--mesh", "64by64", "-o", str(tmp_path / "y")])

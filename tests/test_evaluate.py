@@ -340,8 +340,26 @@ def _first(program: sparsefx.DataflowProgram, op: str):
     return next(k for k in program.kernels if k.op == op)
 
 
-def test_program_errors_name_the_kernel_and_the_value(mlp_program, compiled) -> None:
+@pytest.fixture(scope="module")
+def relu_program() -> tuple[sparsefx.DataflowProgram, torch.Tensor]:
+    """A linear layer and the ReLU after it; the ReLU is the output, so it stays a kernel of its own."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
+    x = torch.randn(8, 256)
+    return sparsefx.lower(sparsefx.compile(model, 0.9, (x,)), (x,), mesh=MESH["mlp"]), x
+
+
+def test_a_bad_epilogue_names_the_kernel(mlp_program, compiled) -> None:
     x = compiled["mlp"][1][0]
+    fused = next(k for k in mlp_program.kernels if "epilogue" in k.attrs)  # the MLP's ReLUs are epilogues
+    p = _copy(mlp_program)
+    p.kernel(fused.name).attrs["epilogue"] = {"fn": "frobnicate", "kwargs": {}}
+    with pytest.raises(EmulationError, match=rf"kernel '{fused.name}' .*epilogue .*frobnicate.* not one of"):
+        evaluate(p, x)
+
+
+def test_program_errors_name_the_kernel_and_the_value(relu_program) -> None:
+    mlp_program, x = relu_program
     relu = _first(mlp_program, "elementwise").name
     fc = _first(mlp_program, "sparse_matmul").name
     p = _copy(mlp_program)

@@ -29,9 +29,10 @@ def _model() -> sparsefx.SparseModel:
 def test_kept_bytes_are_every_row_of_each_lanes_features() -> None:
     x = torch.randn(64, 32)
     p = sparsefx.lower(_model(), (x,), mesh=(8, 8), mode="streaming")
-    relu = next(k for k in p.kernels if k.op == "elementwise")
-    assert lane_bytes(relu).tolist() == [64 * 8 * 4] * 8  # 64 features on 8 lanes, fp32
-    first = p.kernels[0]  # a sparse matmul's result: a lane's 8 features on 8 columns, every row
+    first = p.kernels[0]  # the first linear, its ReLU its epilogue
+    assert "epilogue" in first.attrs and [k.op for k in p.kernels] == ["sparse_matmul"] * 2
+    assert lane_bytes(first).tolist() == [64 * 8 * 4] * 8  # 64 features on 8 lanes, fp32
+    # kept spread: a lane's 8 features on 8 columns, every row
     x_, y_, nbytes = kept_where(p, first)
     assert nbytes.tolist() == [64 * 4] * 64 and len(set(zip(x_.tolist(), y_.tolist()))) == 64
     peak = held_peak(p)

@@ -109,15 +109,15 @@ def test_speedups_stay_within_their_ideals_and_sparser_is_never_slower(name: str
 
 
 def test_a_speedup_above_the_flop_ratio_is_named_with_the_utilizations_behind_it() -> None:
-    """LLaMA with its cache, pipelined on 70x8, one column per kernel at least: the dense matmuls share
-    the few columns left, and sparsity frees some of them. Its latency at 99% gains 2.158x against a FLOP
-    ratio of 2.012x, with 4.9% of the PEs busy against the baseline's 3.7% (at 90%: 1.955x against
-    1.843x). The run says so: each figure above the ratio comes with the sparse program keeping more of
-    the mesh busy than its baseline (a speedup is busy work saved times that), which is what lets it
-    exceed. Sparser is still never slower. (On 96x8 this happened too before the pipelined stages were
-    balanced, 2.100x; with the baseline's columns shared by what its own kernels measure, as the
-    program's are, it gains 1.601x there.)"""
-    runs = _runs("hf-llama-cache", "pipelined", mesh=(70, 8), sparsities=(0.9, 0.99))
+    """LLaMA with its cache, pipelined on 96x8, one column per kernel at least: the dense matmuls share
+    the columns left, and sparsity frees some of them. Its latency at 99% gains 2.124x against a FLOP
+    ratio of 2.012x, with 6.5% of the PEs busy against the baseline's 5.1%. The run says so: each figure
+    above the ratio comes with the sparse program keeping more of the mesh busy than its baseline (a
+    speedup is busy work saved times that), which is what lets it exceed. Sparser is still never
+    slower. (Before the pipelined stages were balanced it gained 2.100x there; with the baseline's
+    columns also shared by what its own kernels measure, and the MLP's SiLU the gate's epilogue on both
+    sides, the 90% program stays within its ratio, 1.374x against 1.843x.)"""
+    runs = _runs("hf-llama-cache", "pipelined", mesh=(96, 8), sparsities=(0.9, 0.99))
     assert runs[1].cycles <= runs[0].cycles
     named = 0
     for s, stats in zip((0.9, 0.99), runs):
@@ -142,21 +142,23 @@ def test_a_speedup_above_the_flop_ratio_is_named_with_the_utilizations_behind_it
 
 def test_the_gelu_after_a_layer_takes_a_block_size_good_for_it_too() -> None:
     """A Linear-GELU MLP in streaming mode at 99% was slower than at 90%: its first layer, timed alone,
-    chose 1-row blocks (a little faster alone), and the one-column GELU after it, which takes the same
-    blocks, ran 4x slower. The block size is now chosen for the matmul and the kernels after it."""
-    cycles, gelu = {}, {}
-    for s in (0.9, 0.99):  # before: 1,851 and 3,747 cycles, the GELU 776 and 3,073
+    chose 1-row blocks (a little faster alone), and the one-column GELU after it, which took the same
+    blocks, ran 4x slower; the block size then came to be chosen for the matmul and the kernels after
+    it. The GELU is now the first layer's epilogue (``fuse_epilogues``), applied on the PEs where each
+    sum is whole, and the sparser model is still no slower, nor its first layer."""
+    cycles, first = {}, {}
+    for s in (0.9, 0.99):  # before the epilogue: 1,851 and 3,747 cycles, the GELU 776 and 3,073
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
         x = torch.randn(16, 64)
         program = sparsefx.lower(sparsefx.compile(model, s, (x,)), (x,), mesh=(16, 16), mode="streaming")
+        assert program.kernels[0].attrs["epilogue"]["fn"] == "gelu" and len(program.kernels) == 2
         stats = sparsefx.run(program, (x,)).stats
-        cycles[s] = stats.cycles
-        gelu[s] = next(k.cycles for k in stats.kernels if program.kernel(k.name).attrs.get("fn") == "gelu")
+        cycles[s], first[s] = stats.cycles, stats.kernels[0].cycles
         c = stats.dense
         assert c is not None and c.layers_realized <= c.layers_ideal and c.realized <= c.flop_ratio
     assert cycles[0.99] <= cycles[0.9], cycles
-    assert gelu[0.99] <= 1.5 * gelu[0.9], gelu
+    assert first[0.99] <= first[0.9], first
 
 
 def test_at_sparsity_zero_the_balanced_program_is_its_own_dense_baseline() -> None:

@@ -17,7 +17,8 @@ left over to the kernels that stay slowest::
     [5, 1, 2]
 
 ``rebalance`` measures, shares again, builds and measures again, and keeps a new share only while
-the clock confirms it: a shorter interval, or the same interval with a shorter latency. The lowering
+the clock confirms it (``Stages.better_than``): a shorter interval with no longer latency, or the same
+interval with a shorter latency. The lowering
 applies it to the program and, with the same effort, to the dense baseline's plan.
 """
 
@@ -53,10 +54,12 @@ class Stages(Generic[P]):
     latency: int
     busy: list[int]
 
-    @property
-    def key(self) -> tuple[int, int]:
-        """What a share is judged by: the interval, then the latency."""
-        return self.interval, self.latency
+    def better_than(self, other: Stages) -> bool:
+        """A shorter interval with no longer latency, or the same interval with a shorter latency: a
+        share never trades one input's latency for throughput (a sparser model stays no slower)."""
+        if self.latency > other.latency:
+            return False
+        return (self.interval, self.latency) < (other.interval, other.latency)
 
 
 def _need(work: float, at_most: float, low: int, cap: int) -> int:
@@ -97,7 +100,7 @@ def rebalance(
     rounds: int = ROUNDS,
 ) -> Stages[P]:
     """The best share found from ``start``: ``build(widths)`` places, plans and times one share (None
-    where it cannot be placed); a share is kept only if its ``key`` is smaller."""
+    where it cannot be placed); a share is kept only if it is ``better_than`` the best so far."""
     best, seen = start, {tuple(start.widths)}
     for _ in range(rounds):
         widths = balance(best.busy, best.widths, mins, caps, columns)
@@ -105,7 +108,7 @@ def rebalance(
             break
         seen.add(tuple(widths))
         tried = build(widths)
-        if tried is None or tried.key >= best.key:
+        if tried is None or not tried.better_than(best):
             break
         best = tried
     return best

@@ -31,6 +31,7 @@ from .builder import Pending
 from .connect import assign, internal_routes, tasks_for, value_routes
 from .dense_plan import dense_pending, plan_dense
 from .flops import counted_flops
+from .fuse_epilogues import fuse_epilogues
 from .fuse_layouts import fuse_layouts
 from .host_join import join_on_host
 from .install import install
@@ -89,7 +90,7 @@ class WalkGraph:
 
     def __call__(self, state: LoweringState) -> PassResult:
         walk = walk_graph(state.graph, state.args, state.kwargs, state.meta.get("skip"))
-        state.pending = fuse_layouts(walk.builder.pending, walk.outputs)
+        state.pending = fuse_epilogues(fuse_layouts(walk.builder.pending, walk.outputs), walk.outputs)
         if state.mode == "streaming":  # the host sends the table rows the ids pick (``layout.py``)
             for p in state.pending:
                 if p.op == "embedding":
