@@ -11,7 +11,8 @@ prints, beside each figure's ideal:
   with its share;
 * **whole model**: ``stats.dense.realized`` against the FLOP ratio, and the largest part of the sparse
   run's cycles, those three or *dense ops* (every other kernel; results leaving for the host count as
-  activation movement), with its share. ``load`` is the weight-load channel's busy share of the run: the
+  activation movement), with its share, and the dense ops' share beside it where another part is
+  larger. ``load`` is the weight-load channel's busy share of the run: the
   loads are serial, so near 1 the weight stream binds however the kernels are mapped.
 
 A batch whose values a streaming program cannot keep in SRAM between steps does not lower (each value
@@ -172,9 +173,10 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
             continue
         binds = f"{r['linear_binds']} {r['linear_binds_share']:.0%}"
         linear = f"{_x(r['linear'])} of {r['linear_ideal']:.0f}x ({binds})"
-        whole = (
-            f"{_x(r['whole'])} of {r['whole_ideal']:.2f}x ({r['whole_binds']} {r['whole_binds_share']:.0%})"
-        )
+        largest = f"{r['whole_binds']} {r['whole_binds_share']:.0%}"
+        if r["whole_binds"] != "dense ops":  # the dense ops' share beside the largest part
+            largest += f"; dense ops {r['parts']['dense ops'] / max(sum(r['parts'].values()), 1):.0%}"
+        whole = f"{_x(r['whole'])} of {r['whole_ideal']:.2f}x ({largest})"
         fits = r.get("overflow") or "yes"
         out.append([r["mesh"], tokens, linear, whole, f"{r['load_share']:.2f}", fits])
     return out

@@ -104,7 +104,7 @@ def _weight_stream_bytes(program: ProgramData) -> int:
 
 def mapping(k: Kernel) -> str:
     """The lowering's choices for a kernel, in short: rows a block, row tiles, the balanced placement's
-    drift, packed indices.
+    drift, packed indices, an epilogue.
 
         >>> from sparsefx.runtime.program import Region
         >>> mapping(Kernel("s", "matmul", Region(0, 0, 64, 64), ("q", "k"), (1536, 128), "float32",
@@ -122,6 +122,8 @@ def mapping(k: Kernel) -> str:
         parts.append(f"drift {a['drift']}")
     if "pe_nnz" in k.arrays:
         parts.append("packed indices")
+    if isinstance(a.get("epilogue"), dict):
+        parts.append(f"{a['epilogue'].get('fn')} epilogue")
     return ", ".join(parts)
 
 

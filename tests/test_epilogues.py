@@ -13,6 +13,7 @@ from sparsefx.passes.lower.fuse_epilogues import fuse_epilogues
 from sparsefx.runtime.baseline import dense_program
 from sparsefx.runtime.blocking import block_sizes
 from sparsefx.runtime.cost import epilogue_cycles, rows_of
+from sparsefx.runtime.summary import mapping
 from sparsefx.runtime.text import parse_program
 
 LINEAR = ["*.attn.*.weight", "*.mlp.*.weight", "lm_head.weight"]
@@ -62,6 +63,7 @@ def test_a_gpt_mlp_has_no_gelu_kernel_and_both_executors_compute_what_pytorch_do
     assert not [k for k in program.kernels if k.op == "elementwise" and k.attrs.get("fn") == "gelu"]
     fused = [k for k in program.kernels if "epilogue" in k.attrs]
     assert len(fused) == 2 and all(k.attrs["epilogue"]["fn"] == "gelu" for k in fused)
+    assert all(mapping(k).endswith("gelu epilogue") for k in fused)  # as sparsefx inspect shows it
     ids = torch.randint(0, 64, (2, 16))  # fresh inputs
     want = sm.eval()(ids)
     fast = sparsefx.run(program, (ids,))
