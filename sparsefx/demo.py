@@ -413,9 +413,7 @@ def _emulate(sm: SparseModel, program: Any, args: tuple, console: Any) -> tuple[
     if len(got) != len(want) or not got:
         raise VerifyError(f"emulation: {len(got)} output tensors, the model returns {len(want)}")
     diff = max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, want))
-    close = all(
-        torch.allclose(g, w, rtol=EMULATION_RTOL, atol=EMULATION_ATOL) for g, w in zip(got, want)
-    )
+    close = all(torch.allclose(g, w, rtol=EMULATION_RTOL, atol=EMULATION_ATOL) for g, w in zip(got, want))
     console.print(
         f"emulated on the mesh (fresh inputs): outputs equal sm.eval()'s, max |diff| = {diff:.2e} "
         f"(rtol {EMULATION_RTOL:g}, atol {EMULATION_ATOL:g}) {_ok(close)}"
@@ -457,6 +455,13 @@ def speedup_lines(program: Any, stats: Any) -> list[str]:
     )
     if c.beyond_flop_ratio:
         lines.append(c.beyond_flop_ratio)
+    if stats.mode == "pipelined" and c.layers and c.layers_realized < 1 <= c.throughput_realized:
+        lines.append(
+            "the sparse layers' figure sums their kernels' spans: pipelined, each program's columns are "
+            "shared so that its slowest stage is as fast as it can be, and the sparse layers, needing less, "
+            "gave columns to the kernels that were slower, so each runs longer alone while the whole "
+            f"pipeline takes a new input every {c.sparse_interval:,} cycles against {c.dense_interval:,}"
+        )
     kept, products, layers = _flop_shares(program, c.layers)
     why = []
     if c.dense_matmuls:
