@@ -30,7 +30,7 @@ import torch
 
 from sparsefx.errors import ProgramFormatError, VerifyError
 
-from .cost import features_of
+from .cost import EPILOGUES, features_of
 from .encoding import PACKED_ROLES, int32_if_fits, is_packed, sparse_arrays
 from .memory import pe_bytes
 from .mesh import Dir
@@ -54,6 +54,7 @@ one stored packed names ``encoding.PACKED_ROLES`` instead."""
 # attrs the SRAM model and the CSC checks read as sizes: name -> (least, most)
 _SIZE_ATTRS = {
     "rows_in_flight": (1, MAX_ROWS_IN_FLIGHT),
+    "result_rows": (1, MAX_ROWS_IN_FLIGHT),
     "split": (0, 64),
     "in_features": (0, MAX_VALUE_ELEMENTS),
     "out_features": (0, MAX_VALUE_ELEMENTS),
@@ -116,6 +117,7 @@ def _check_kernels(p: ProgramData) -> None:
                 raise _fail(k.name, f"array {role!r} names {array!r}, which the program does not hold")
         if k.op == "sparse_matmul":
             _check_sparse_roles(k)
+            _check_epilogue(k)
         _check_mapping(p, k)
         defined.add(k.name)
     for out in p.outputs:
@@ -168,6 +170,20 @@ def _check_size_attrs(k: Kernel) -> None:
         for name in ("in_features", "out_features"):
             if name not in k.attrs:
                 raise _fail(k.name, f"attrs has no {name!r}; a sparse matmul records its {name}")
+
+
+def _check_epilogue(k: Kernel) -> None:
+    """A sparse matmul's ``attrs["epilogue"]``, if any: ``{"fn": one of cost.EPILOGUES, "kwargs": {...}}``."""
+    e = k.attrs.get("epilogue")
+    if e is None:
+        return
+    ok = isinstance(e, dict) and e.get("fn") in EPILOGUES and isinstance(e.get("kwargs", {}), dict)
+    if not ok or set(e) - {"fn", "kwargs"}:
+        raise _fail(
+            k.name,
+            f"attrs['epilogue'] is {_short(e)}; expected {{'fn': one of {sorted(EPILOGUES)}, "
+            "'kwargs': {...}}",
+        )
 
 
 def _check_sparse_roles(k: Kernel) -> None:

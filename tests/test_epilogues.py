@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import sparsefx
+from sparsefx.errors import VerifyError
 from sparsefx.models.gpt import GPT, GPTConfig
 from sparsefx.passes.lower.builder import Pending
 from sparsefx.passes.lower.fuse_epilogues import fuse_epilogues
@@ -108,3 +109,20 @@ def test_each_whole_sum_pays_its_epilogue_on_its_pe(gpt, executor: str) -> None:
         sizes = block_sizes(rows_of(k.shape), int(k.attrs["rows_in_flight"])).tolist()
         each = sum(epilogue_cycles(k, int(n), program.hardware) for n in sizes)
         assert with_them[k.name] - without[k.name] == int(k.attrs["out_features"]) * each, k.name
+
+
+@pytest.mark.parametrize(
+    "bad", [{"fn": "sigmoid", "kwargs": {}}, "gelu", {"fn": "gelu", "kwargs": [1]}, {"fn": "relu", "x": 1}]
+)
+def test_verify_refuses_a_bad_epilogue_naming_it(gpt, bad) -> None:
+    """A program file is untrusted: an epilogue the executors would not know is a ``VerifyError``."""
+    program, _, _ = gpt
+    k = next(k for k in program.kernels if "epilogue" in k.attrs)
+    kept = k.attrs["epilogue"]
+    k.attrs["epilogue"] = bad
+    try:
+        with pytest.raises(VerifyError, match=rf"kernel '{k.name}'.*attrs\['epilogue'\] is .*expected"):
+            program.verify()
+    finally:
+        k.attrs["epilogue"] = kept
+    program.verify()
