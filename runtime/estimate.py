@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import torch
 
-from .blocking import block_sizes, feature_lanes, kernel_lanes
+from .blocking import block_sizes, kernel_lanes
 from .cost import axpy_cycles, epilogue_cycles, partial_add_cycles, rows_of, wavelets
-from .homes import stays, sums
+from .homes import final_pes
 from .intervals import Holders, column_load, lane_merges
 from .layout import Layout
 from .memo import kept
@@ -85,16 +85,13 @@ def busiest_pe(program: ProgramData, k: Kernel, s: Layout, b: int) -> int:
     tasks = columns * starts + nonzeros * axpys + _adds(k, s) * merges
     if "epilogue" in k.attrs:  # each whole sum's activation, on the PE where the sum ends up
         each = sum(m * epilogue_cycles(k, n, hw) for n, m in blocks)
-        tasks = tasks + _finals(program, k, s.out_features) * each
+        tasks = tasks + _finals(program, k) * each
     return int(tasks.max())
 
 
-def _finals(program: ProgramData, k: Kernel, outputs: int) -> torch.Tensor:
-    """``[pes]``: the outputs whose whole sums end up on each PE (their own column, or the east edge)."""
-    r = k.region
-    column = sums(program, k)[1] if stays(program, k) else torch.full((outputs,), r.width - 1)
-    pe = feature_lanes(k, outputs) * r.width + column
-    return torch.zeros(r.pes, dtype=torch.int64).index_add_(0, pe, torch.ones_like(pe))
+def _finals(program: ProgramData, k: Kernel) -> torch.Tensor:
+    """``[pes]``: the outputs whose whole sums end up on each PE (``homes.final_pes``)."""
+    return torch.bincount(final_pes(program, k), minlength=k.region.pes)
 
 
 def _adds(k: Kernel, s: Layout) -> torch.Tensor:

@@ -59,7 +59,7 @@ from .cost import (
     task_overhead,
     wavelets,
 )
-from .homes import back, stays, sums
+from .homes import back, final_pes, stays, sums
 from .host import edge_queued, outputs_in_host
 from .intervals import Columns, Holders, busiest_link, column_load, cumcount, lane_merges
 from .layout import Layout, layout, weight_bytes
@@ -747,11 +747,7 @@ class FastClock:
         one task at a time on each PE in the order the sums get there; and each PE's busy cycles and
         tasks for them. A block in which no PE ran a task (``data`` False) has only zero sums: none runs."""
         r, (blocks, out_f) = k.region, ready.shape
-        if stays(self.p, k):
-            column = self._kept(k, ("sums",), lambda: self._on_host(sums, k))[1]
-        else:
-            column = torch.full((out_f,), r.width - 1, dtype=torch.int64)
-        pe = feature_lanes(k, out_f) * r.width + column
+        pe = self._kept(k, ("final pes",), lambda: self._on_host(final_pes, k))
         each = torch.tensor([epilogue_cycles(k, int(n), self.hw) for n in sizes.tolist()], dtype=torch.int64)
         cost = torch.where(data, each, 0)[:, None].expand(blocks, out_f).reshape(-1)
         keys = pe[None, :].expand(blocks, out_f).reshape(-1)

@@ -48,7 +48,7 @@ from .program import Kernel, ProgramData
 from .sums import CONV, EAST, last_columns, spread_columns, stays, whole_at
 from .tiles import tile_place, tile_rows
 
-__all__ = ["EAST", "CONV", "stays", "sums", "shares", "back", "kept_where"]
+__all__ = ["EAST", "CONV", "stays", "sums", "final_pes", "shares", "back", "kept_where"]
 
 
 def sums(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +66,15 @@ def sums(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor]:
         return last, spread_columns(outputs, kernel_lanes(k, outputs), k.region.width)
 
     return kept_for(program, k, ("sums",), build)
+
+
+def final_pes(program: ProgramData, k: Kernel) -> torch.Tensor:
+    """``[outputs]``: the region PE (row-major) where each output of sparse matmul ``k`` ends up once
+    its sum is whole: its lane's row, on its own column (``sums``) when the result stays, else on the
+    region's east edge. A sparse matmul's epilogue runs there (``cost.epilogue_cycles``)."""
+    r, outputs = k.region, int(k.attrs["out_features"])
+    column = sums(program, k)[1] if stays(program, k) else torch.full((outputs,), r.width - 1)
+    return feature_lanes(k, outputs) * r.width + column
 
 
 def shares(program: ProgramData, k: Kernel) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -424,8 +424,9 @@ class ReferenceMachine:
             self._at_edge(run, q, f, t)
             return
         r = run.k.region
-        run.fields["busy"][(row - r.y) * r.width + (x - r.x)] += cost
-        run.fields["overhead"][(row - r.y) * r.width + (x - r.x)] += self.hw.task_start_cycles
+        pe = (row - r.y) * r.width + (x - r.x)
+        run.fields["busy"][pe] += cost
+        run.fields["overhead"][pe] += self.hw.task_start_cycles
         self.cores.submit((x, row), t, q * run.out.features + f, cost, lambda e: self._at_edge(run, q, f, e))
 
     def _at_edge(self, run: _Run, q: int, f: int, t: int) -> None:

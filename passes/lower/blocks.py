@@ -285,15 +285,11 @@ def result_blocks(program: ProgramData) -> None:
     block's messages instead of waiting for every row of every feature of its lane."""
     if program.mode != "streaming":
         return
-    readers: dict[str, list[Kernel]] = {}
-    for k in program.kernels:
-        for v in dict.fromkeys(k.inputs):
-            readers.setdefault(v, []).append(k)
     for k in program.kernels:
         k.attrs.pop("result_rows", None)
         if k.op != "layout" or row_streaming_op(k) or k.name in program.outputs:
             continue
-        them = readers.get(k.name, [])
+        them = [program.kernel(name) for name in program.consumers(k.name)]
         if not them or not all(row_streaming(program, r, k.name) for r in them):
             continue
         b = min(block_rows(r) for r in them)
