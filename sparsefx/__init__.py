@@ -21,6 +21,7 @@ from .errors import (
     CheckpointError,
     ConfigError,
     EmulationError,
+    FreezeError,
     LoweringError,
     PassError,
     ProgramFormatError,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .accounting import FlopReport, flops
     from .compiler import compile
     from .config import SparsityConfig, load_config
+    from .frozen import FrozenModel, freeze
     from .lowering import lower
     from .model import SparseModel
     from .runtime.archive import load_program
@@ -71,6 +73,9 @@ __all__ = [
     "ProgramWriteError",
     "EmulationError",
     "CheckpointError",
+    "FreezeError",
+    "freeze",
+    "FrozenModel",
 ]
 
 # public name -> (module relative to this package, attribute; None: the module itself)
@@ -90,6 +95,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "HardwareSpec": (".runtime.mesh", "HardwareSpec"),
     "load_program": (".runtime.archive", "load_program"),
     "sparse": (".sparse", None),
+    "freeze": (".frozen", "freeze"),
+    "FrozenModel": (".frozen", "FrozenModel"),
 }
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "ProgramWriteError",
     "EmulationError",
     "CheckpointError",
+    "FreezeError",
 ]
 
 
@@ -62,3 +63,7 @@ class EmulationError(SparseFXError):
 
 class CheckpointError(SparseFXError):
     """A checkpoint is truncated, foreign or does not fit the model."""
+
+
+class FreezeError(SparseFXError):
+    """A model cannot be frozen, or a frozen model was asked to train (it is for inference only)."""

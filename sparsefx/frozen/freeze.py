@@ -1,0 +1,223 @@
+"""``sparsefx.freeze``: a compiled model as an inference module on sparse CPU kernels.
+
+``freeze(sm)`` copies the module tree ``sm`` runs (its weights as they are now, pruned entries
+zero), and replaces each linear layer whose weight is sparse (``nn.Linear``, Hugging Face's
+``Conv1D``) with a ``SparseLinear``: the weight packed once (``packed.py``), and for each token
+bucket the kernel that measured fastest here (``choose.py``), dense where no sparse kernel is faster.
+The model runs its own eager forward, so it takes any batch and length, keeps its control flow and
+returns its own output types; a Hugging Face causal LM still ``generate``s with its cache. Other
+sparse weights (a convolution, a weight read by a matmul) keep their masked dense values and are
+named in ``freeze_report``::
+
+    >>> import torch, sparsefx
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    >>> sm = sparsefx.compile(model, 0.9).eval()
+    >>> fast = sparsefx.freeze(sm)
+    >>> x = torch.randn(5, 64)
+    >>> torch.allclose(fast(x), sm(x), rtol=1e-4, atol=1e-5)
+    True
+    >>> [row.weight for row in fast.freeze_report if row.kernels]
+    ['0.weight', '2.weight']
+
+A frozen model is for inference: ``.train()``, ``.parameters()`` (an optimizer) and inputs that
+require gradients are a ``FreezeError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from sparsefx.errors import FreezeError
+
+from .choose import choose
+from .kernels import NUMBA, available_kernels
+from .packed import pack
+from .sparse_linear import SparseLinear
+
+__all__ = ["freeze", "FrozenModel", "LayerReport", "BACKENDS"]
+
+BACKENDS = ("auto", "torch")
+"""``"auto"``: every kernel that runs here (numba's with the ``fast`` extra); ``"torch"``: torch's own."""
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One sparse weight of the frozen model: where it went and what it costs to store."""
+
+    weight: str  # the sparse weight's name (as in ``sm.masks``)
+    shape: tuple[int, ...]
+    density: float
+    kernels: tuple[str, ...]  # per token bucket (``choose.BUCKETS``); () where it stays dense
+    why_dense: str  # why it was not packed ("" when it was)
+    dense_bytes: int
+    frozen_bytes: int
+
+
+class FrozenModel(nn.Module):
+    """An inference module: ``module`` with its sparse linear layers on sparse kernels (``freeze``)."""
+
+    def __init__(self, module: nn.Module, report: list[LayerReport], seconds: float) -> None:
+        super().__init__()
+        self.module = module
+        self.freeze_report = report
+        self.freeze_seconds = seconds
+        super().train(False)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = [*args, *kwargs.values()]
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+            raise FreezeError("a frozen model computes no gradients; pass inputs that do not require grad")
+        with torch.no_grad():
+            return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> FrozenModel:
+        if mode:
+            raise FreezeError("a frozen model is for inference; train the SparseModel it was frozen from")
+        return super().train(False)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        raise FreezeError(
+            "a frozen model has nothing to train (an optimizer on it would change nothing); "
+            "optimize the SparseModel and freeze it again"
+        )
+
+    def requires_grad_(self, requires_grad: bool = True) -> FrozenModel:
+        if requires_grad:
+            raise FreezeError("a frozen model computes no gradients")
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)  # the model's own methods: generate, config
+
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes the sparse weights take dense."""
+        return sum(r.dense_bytes for r in self.freeze_report)
+
+    @property
+    def frozen_bytes(self) -> int:
+        """Bytes they take in the frozen model (packed, or dense where they stayed dense)."""
+        return sum(r.frozen_bytes for r in self.freeze_report)
+
+
+def _copy_tree(sm: nn.Module) -> nn.Module:
+    """The module tree ``sm`` runs, with its own tensors (a snapshot: training ``sm`` on leaves it)."""
+    from sparsefx.compiler import _source_tree
+
+    tree = _source_tree(sm)
+    copies: dict[int, Any] = {}
+    for module in tree.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) not in copies:
+                    copies[id(p)] = nn.Parameter(p.detach().clone(), requires_grad=False)
+                module._parameters[name] = copies[id(p)]
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = copies.setdefault(id(b), b.detach().clone())
+    return tree
+
+
+def _linear_of(module: nn.Module, param: str) -> tuple[torch.Tensor, bool] | None:
+    """``(weight as [out, in], transposed)`` where ``module`` is a linear layer and ``param`` its weight."""
+    if param != "weight":
+        return None
+    if type(module) is nn.Linear:
+        return module.weight, False
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):  # Hugging Face GPT-2's [in, out]
+        return module.weight, True
+    return None
+
+
+def _owners(tree: nn.Module, weight: torch.Tensor) -> list[tuple[str, nn.Module]]:
+    """Every module of ``tree`` (by path) whose ``weight`` is ``weight`` itself (tied layers too)."""
+    return [
+        (path, m)
+        for path, m in tree.named_modules(remove_duplicate=False)
+        if m._parameters.get("weight") is weight
+    ]
+
+
+def _replace(tree: nn.Module, path: str, layer: nn.Module) -> None:
+    parent, _, child = path.rpartition(".")
+    (tree.get_submodule(parent) if parent else tree)._modules[child] = layer
+
+
+def freeze(
+    sm: nn.Module,
+    backend: str = "auto",
+    *,
+    on_layer: Callable[[str, int, int], None] | None = None,
+) -> FrozenModel:
+    """``sm`` (a ``SparseModel``) as a ``FrozenModel`` (module docstring). ``backend`` is one of
+    ``BACKENDS``; ``on_layer(name, done, total)`` is called before each sparse weight is packed."""
+    from sparsefx.model import SparseModel
+
+    if not isinstance(sm, SparseModel):
+        raise FreezeError(f"freeze takes a SparseModel (sparsefx.compile's result); got {type(sm).__name__}")
+    if backend not in BACKENDS:
+        raise FreezeError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    t0 = time.perf_counter()
+    masks = {name: m.detach().to("cpu") for name, m in sm.masks.items()}
+    tree = _copy_tree(sm)
+    candidates = available_kernels(backend)
+    chosen: dict[tuple, tuple[str, ...]] = {}  # one measurement per shape and density
+    report: list[LayerReport] = []
+    for i, (name, mask) in enumerate(masks.items()):
+        if on_layer is not None:
+            on_layer(name, i, len(masks))
+        owner_name, _, param = name.rpartition(".")
+        owner = tree.get_submodule(owner_name)
+        weight = getattr(owner, param)
+        weight.data.masked_fill_(~mask.to(weight.device), 0.0)  # every reader sees the masked weight
+        dense_bytes = weight.numel() * weight.element_size()
+        linear = _linear_of(owner, param)
+        if linear is None:
+            why = f"a {type(owner).__name__}'s {param}: only linear layers have sparse kernels"
+            density = float(mask.float().mean())
+            report.append(LayerReport(name, tuple(weight.shape), density, (), why, dense_bytes, dense_bytes))
+            continue
+        w, transposed = linear
+        p = pack(w.T if transposed else w, mask.T if transposed else mask)
+        group = (p.out_features, p.in_features, round(p.density, 2), p.values.dtype)
+        if group not in chosen:
+            chosen[group] = choose(p, candidates)
+        for path, module in _owners(tree, weight):  # every linear layer reading this tensor: packed once
+            if _linear_of(module, "weight") is not None and _linear_of(module, "weight")[1] == transposed:
+                _replace(tree, path, SparseLinear(p, module.bias, chosen[group]))
+        frozen_bytes = p.nbytes + len(chosen[group])
+        kernels = chosen[group]
+        shape = tuple(weight.shape)
+        report.append(LayerReport(name, shape, p.density, kernels, "", dense_bytes, frozen_bytes))
+    if not NUMBA and backend == "auto":
+        report_missing_numba()
+    return FrozenModel(tree.eval(), report, time.perf_counter() - t0)
+
+
+_warned = False
+
+
+def report_missing_numba() -> None:
+    """Say once per process that the numba kernels are missing (the ``fast`` extra)."""
+    global _warned
+    if not _warned:
+        import warnings
+
+        warnings.warn(
+            "sparsefx.freeze: numba is not installed (pip install 'sparsefx[fast]'), so frozen layers "
+            "use torch's sparse kernels only, which are slower at 1 and at 128 or more tokens",
+            UserWarning,
+            stacklevel=3,
+        )
+        _warned = True

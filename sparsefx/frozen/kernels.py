@@ -1,0 +1,113 @@
+"""Sparse-times-dense kernels for a frozen linear layer: ``y[T, out] = x[T, in] @ W.T`` with ``W`` in CSR.
+
+Each kernel takes the packed weight (``PackedWeight``) and a 2-D, contiguous float32 ``x`` and returns
+``[T, out]`` without the bias. Which one is fastest depends on the tokens ``T`` (``choose.py`` measures):
+
+* ``spmv`` (numba): one token, a gather dot product per output row.
+* ``rows`` (numba): many tokens. ``x`` is transposed once so that each input feature's tokens are
+  contiguous; each output row adds ``w * x[:, j]`` for its nonzeros, the inner loop over tokens.
+* ``torch`` (``torch.sparse.mm`` on the CSR tensor): torch's own kernel (MKL on x86), good at 8-32.
+* ``dense``: ``F.linear`` on the masked dense weight, where no sparse kernel is faster.
+
+The numba kernels take uint32 indices: with signed 32-bit ones the gather runs several times slower.
+numba is the ``fast`` extra; without it only ``torch`` and ``dense`` are available (``NUMBA``)::
+
+    >>> import torch
+    >>> from sparsefx.frozen.packed import pack
+    >>> w = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    >>> p = pack(w, w != 0)
+    >>> x = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, 1.0]])
+    >>> [KERNELS[name](p, x).tolist() for name in ("torch", "dense")]
+    [[[3.0, 3.0], [4.0, 0.0]], [[3.0, 3.0], [4.0, 0.0]]]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .packed import PackedWeight
+
+__all__ = ["KERNELS", "NUMBA", "available_kernels", "Kernel"]
+
+NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
+"""Whether the numba kernels run: numba installed (the ``fast`` extra) and ``SPARSEFX_NUMBA`` not 0."""
+
+Kernel = Callable[[PackedWeight, torch.Tensor], torch.Tensor]
+
+_compiled: dict[str, Callable] = {}
+
+
+def _numba(name: str) -> Callable:
+    """The numba loop ``name``, compiled on first use (numba caches the machine code on disk)."""
+    if name not in _compiled:
+        from numba import njit
+
+        opts = {"fastmath": True, "cache": True, "boundscheck": False, "nogil": True}
+
+        def spmv(indptr, indices, values, x, out):  # pragma: no cover - compiled
+            for o in range(indptr.shape[0] - 1):
+                s = np.float32(0.0)
+                for p in range(indptr[o], indptr[o + 1]):
+                    s += values[p] * x[indices[p]]
+                out[o] = s
+
+        def rows(indptr, indices, values, xt, out_t):  # pragma: no cover - compiled
+            tokens = xt.shape[1]
+            for o in range(indptr.shape[0] - 1):
+                row = out_t[o]
+                for t in range(tokens):
+                    row[t] = 0.0
+                for p in range(indptr[o], indptr[o + 1]):
+                    w = values[p]
+                    xr = xt[indices[p]]
+                    for t in range(tokens):
+                        row[t] += w * xr[t]
+
+        _compiled.update(spmv=njit(**opts)(spmv), rows=njit(**opts)(rows))
+    return _compiled[name]
+
+
+def _arrays(p: PackedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The CSR arrays as numba reads them: uint32 row pointers and column indices (same bits)."""
+    return p.indptr.numpy().view(np.uint32), p.indices.numpy().view(np.uint32), p.values.numpy()
+
+
+def _spmv(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((x.shape[0], p.out_features), dtype=torch.float32)
+    indptr, indices, values = _arrays(p)
+    xs, outs = x.numpy(), out.numpy()
+    for t in range(x.shape[0]):
+        _numba("spmv")(indptr, indices, values, xs[t], outs[t])
+    return out
+
+
+def _rows(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
+    xt = np.ascontiguousarray(x.numpy().T)
+    out_t = np.empty((p.out_features, x.shape[0]), dtype=np.float32)
+    _numba("rows")(*_arrays(p), xt, out_t)
+    return torch.from_numpy(out_t).T
+
+
+def _torch(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
+    return torch.sparse.mm(p.csr(), x.T).T
+
+
+def _dense(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, p.dense())
+
+
+KERNELS: dict[str, Kernel] = {"spmv": _spmv, "rows": _rows, "torch": _torch, "dense": _dense}
+"""Kernel name -> ``kernel(packed, x2d)``."""
+
+
+def available_kernels(backend: str = "auto") -> list[str]:
+    """The kernels a backend may choose from: ``"auto"`` every one that runs here, ``"torch"`` torch's own."""
+    if backend == "torch":
+        return ["torch", "dense"]
+    return (["spmv", "rows"] if NUMBA else []) + ["torch", "dense"]

@@ -1,0 +1,213 @@
+"""``sparsefx.freeze``: every kernel equals the dense product on awkward masks and inputs; a frozen model
+equals the compiled one on fresh inputs (built-in and Hugging Face models), keeps its output types and
+generation, round-trips its state through ``torch.load(weights_only=True)``, and refuses to train."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import sparsefx
+from conftest import HF_VOCAB, tiny_bert_config, tiny_gpt2_config
+from sparsefx.errors import FreezeError
+from sparsefx.frozen.choose import BUCKETS, kernel_for
+from sparsefx.frozen.kernels import KERNELS, NUMBA, available_kernels
+from sparsefx.frozen.packed import pack
+from sparsefx.frozen.sparse_linear import SparseLinear
+from sparsefx.models.registry import build_model
+
+KERNEL_NAMES = [k for k in KERNELS if k not in ("spmv", "rows") or NUMBA]
+
+
+def _masks(out_f: int, in_f: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(out_f * 1000 + in_f)
+    random = torch.rand(out_f, in_f, generator=g) < 0.1
+    empty_rows = random.clone()
+    empty_rows[::3] = False
+    empty_cols = random.clone()
+    empty_cols[:, 1::2] = False
+    one = torch.zeros(out_f, in_f, dtype=torch.bool)
+    one[out_f // 2, in_f - 1] = True
+    return {
+        "random": random,
+        "empty rows": empty_rows,
+        "empty columns": empty_cols,
+        "one nonzero": one,
+        "all dense": torch.ones(out_f, in_f, dtype=torch.bool),
+        "all pruned": torch.zeros(out_f, in_f, dtype=torch.bool),
+    }
+
+
+@pytest.mark.parametrize("kernel", KERNEL_NAMES)
+@pytest.mark.parametrize("tokens", [1, 3, 8, 33, 130])
+def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int) -> None:
+    torch.manual_seed(tokens)
+    w = torch.randn(40, 24)
+    w[0, 0] = float("nan")  # a NaN where the mask prunes never reaches an output
+    for what, mask in _masks(40, 24).items():
+        mask = mask.clone()
+        mask[0, 0] = False
+        p = pack(w, mask)
+        x = torch.randn(tokens, 24)
+        expected = torch.nn.functional.linear(x, torch.where(mask, w, 0.0))
+        got = KERNELS[kernel](p, x)
+        assert got.shape == (tokens, 40), what
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (kernel, what)
+
+
+def test_a_frozen_layer_takes_non_contiguous_broadcast_and_empty_inputs() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40)
+    mask = torch.rand(40, 24) < 0.2
+    for choice in [(k,) * len(BUCKETS) for k in KERNEL_NAMES]:
+        layer = SparseLinear(pack(lin.weight, mask), lin.bias, choice)
+        ref = lambda x: torch.nn.functional.linear(x, lin.weight * mask, lin.bias)  # noqa: E731
+        with torch.no_grad():
+            x = torch.randn(24, 5, 3).permute(2, 1, 0)  # [3, 5, 24], not contiguous
+            assert torch.allclose(layer(x), ref(x), rtol=1e-4, atol=1e-5), choice
+            x = torch.randn(1, 24).expand(6, 24)  # a broadcast row
+            assert torch.allclose(layer(x), ref(x), rtol=1e-4, atol=1e-5), choice
+            assert layer(torch.randn(0, 24)).shape == (0, 40)
+    with pytest.raises(FreezeError, match="takes 24 input features"):
+        layer(torch.randn(2, 7))
+
+
+def test_kernel_for_takes_the_largest_bucket_at_or_below_the_tokens() -> None:
+    choice = ("spmv", "torch", "torch", "rows", "rows")
+    assert [kernel_for(choice, t) for t in (1, 7, 8, 127, 128, 5000)] == [
+        "spmv",
+        "spmv",
+        "torch",
+        "torch",
+        "rows",
+        "rows",
+    ]
+    assert available_kernels("torch") == ["torch", "dense"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt-tiny", "zoo-data-dependent", "zoo-dict", "zoo-gpt2-conv1d"])
+def test_frozen_built_in_models_equal_the_compiled_model(name: str) -> None:
+    spec = build_model(name, seed=0)
+    sm = sparsefx.compile(spec.model, 0.9, spec.args, example_kwargs=spec.kwargs).eval()
+    fast = sparsefx.freeze(sm)
+    assert any(r.kernels for r in fast.freeze_report), "no layer was packed"
+    fresh = build_model(name, seed=1)  # fresh inputs of the same kind
+    with torch.no_grad():
+        expected, got = sm(*fresh.args, **fresh.kwargs), fast(*fresh.args, **fresh.kwargs)
+    flat_e, flat_g = torch.utils._pytree.tree_flatten(expected), torch.utils._pytree.tree_flatten(got)
+    assert flat_e[1] == flat_g[1]  # the same output structure
+    for e, g in zip(flat_e[0], flat_g[0]):
+        assert torch.allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2() -> tuple:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(tiny_gpt2_config(use_cache=True)).eval()
+    ids = torch.randint(0, HF_VOCAB, (2, 12))
+    sm = sparsefx.compile(model, 0.9, (ids,)).eval()
+    return model, sm, sparsefx.freeze(sm)
+
+
+def test_a_frozen_hf_gpt2_keeps_its_output_type_and_packs_its_conv1d_layers(hf_gpt2) -> None:
+    _, sm, fast = hf_gpt2
+    packed = [r.weight for r in fast.freeze_report if r.kernels]
+    assert "transformer.h.0.attn.c_attn.weight" in packed and "transformer.h.1.mlp.c_proj.weight" in packed
+    ids = torch.randint(0, HF_VOCAB, (3, 9))  # another batch and length
+    with torch.no_grad():
+        expected, got = sm(ids), fast(ids)
+    assert type(got) is type(expected)
+    assert torch.allclose(got.logits, expected.logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_frozen_hf_gpt2_generates_with_its_cache(hf_gpt2) -> None:
+    model, _, fast = hf_gpt2  # compile pruned the model's own weights in place: it is the masked model
+    ids = torch.randint(0, HF_VOCAB, (1, 5))
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(fast.generate(ids, **kwargs), model.generate(ids, **kwargs))
+
+
+@pytest.mark.parametrize("which", ["bert", "llama"])
+def test_frozen_hf_encoders_and_llama_equal_the_compiled_model(which: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if which == "bert":
+        model = transformers.BertModel(tiny_bert_config())
+    else:
+        config = transformers.LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=HF_VOCAB,
+            max_position_embeddings=64,
+        )
+        model = transformers.LlamaForCausalLM(config)
+    model.eval()
+    sm = sparsefx.compile(model, 0.9, (torch.randint(0, HF_VOCAB, (2, 10)),)).eval()
+    fast = sparsefx.freeze(sm)
+    assert sum(bool(r.kernels) for r in fast.freeze_report) >= 4
+    ids = torch.randint(0, HF_VOCAB, (2, 7))
+    with torch.no_grad():
+        expected, got = sm(ids), fast(ids)
+    key = "last_hidden_state" if which == "bert" else "logits"
+    assert torch.allclose(got[key], expected[key], rtol=1e-4, atol=1e-5)
+
+
+def test_the_state_round_trips_through_a_weights_only_load() -> None:
+    spec = build_model("gpt-tiny", seed=0)
+    sm = sparsefx.compile(spec.model, 0.9, spec.args).eval()
+    fast = sparsefx.freeze(sm)
+    state = fast.state_dict()
+    assert (
+        "module.blocks.0.attn.qkv.weight_values" in state and "module.blocks.0.attn.qkv.weight" not in state
+    )
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    other = sparsefx.freeze(sparsefx.compile(build_model("gpt-tiny", seed=5).model, 0.9, spec.args).eval())
+    other.load_state_dict(loaded)
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    with torch.no_grad():
+        assert torch.equal(other(*spec.args), fast(*spec.args))
+    assert fast.frozen_bytes < fast.dense_bytes / 2
+
+
+def test_a_frozen_model_is_a_snapshot_and_packs_a_tied_weight_once() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 32, bias=False)
+    model = torch.nn.Sequential(lin, torch.nn.ReLU(), torch.nn.Linear(32, 32, bias=False))
+    model[2].weight = lin.weight  # one tensor, two layers
+    sm = sparsefx.compile(model, 0.5).eval()
+    fast = sparsefx.freeze(sm, backend="torch")
+    layers = [m for m in fast.modules() if isinstance(m, SparseLinear)]
+    assert len(layers) == 2 and layers[0].weight_values is layers[1].weight_values
+    assert {k for r in fast.freeze_report for k in r.kernels} <= {"torch", "dense"}
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        before = fast(x)
+        lin.weight.add_(1.0)  # training the compiled model on does not reach the frozen one
+        assert torch.equal(fast(x), before)
+
+
+def test_a_frozen_model_refuses_to_train() -> None:
+    sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(16, 16)), 0.5).eval()
+    fast = sparsefx.freeze(sm)
+    with pytest.raises(FreezeError, match="for inference"):
+        fast.train()
+    with pytest.raises(FreezeError, match="nothing to train"):
+        torch.optim.SGD(fast.parameters(), lr=0.1)
+    with pytest.raises(FreezeError, match="no gradients"):
+        fast(torch.randn(2, 16, requires_grad=True))
+    fast.eval()  # eval is fine
+    with pytest.raises(FreezeError, match="takes a SparseModel"):
+        sparsefx.freeze(torch.nn.Linear(2, 2))
+    with pytest.raises(FreezeError, match="backend 'mkl' is not one of auto, torch"):
+        sparsefx.freeze(sm, backend="mkl")
