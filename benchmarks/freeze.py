@@ -1,0 +1,197 @@
+"""What ``sparsefx.freeze`` buys on this CPU: frozen sparse layers and models against dense eager PyTorch.
+
+Targets (issue: "Real speed on the CPU a user already has"), settings as ``shared/BENCHMARKS.md`` pins
+them: the dense side is the original module's eager forward under ``torch.inference_mode()``, the
+same thread count on both sides, the sides interleaved in one process after a warm-up call each,
+the median of the per-round ratios (dense time over frozen time) with its 95% interval:
+
+* per layer, GPT-2 small's four shapes at 90%: >= 3.5x at 32, 128, 512 and 1024 tokens and
+  >= 2.5x at 1 and 8 tokens, one thread;
+* the whole untied GPT-2 small with every linear layer sparse (its LM head too), 128 tokens, batch 1
+  and 8: >= 3x on one thread, >= 2.5x on two;
+* at 50% never slower than dense (a ratio whose interval reaches 1.0 passes).
+
+Each figure has the same frozen path at sparsity 0 beside it (``s=0``): what comes from sparsity,
+not from the path itself. The freeze time is reported too::
+
+    .venv/bin/python benchmarks/freeze.py [--part layers|model|all] [--sparsity 0.9 ...] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+from _timing import (
+    add_json_arg,
+    environment,
+    interleave,
+    paired_ratios,
+    print_table,
+    summarize,
+    verdict,
+    write_json,
+)
+
+import sparsefx
+from sparsefx.frozen.choose import choose
+from sparsefx.frozen.kernels import available_kernels
+from sparsefx.frozen.packed import pack
+from sparsefx.frozen.sparse_linear import SparseLinear
+
+SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # GPT-2 small's (in, out)
+TOKENS = (1, 8, 32, 128, 512, 1024)
+LINEAR = ["*.attn.*.weight", "*.mlp.*.weight", "lm_head.weight"]  # every linear layer, the LM head too
+ROUNDS = 7
+
+
+def _ratio(samples: dict[str, list[float]], name: str) -> Any:
+    return summarize([1 / r for r in paired_ratios(samples, "dense")[name]])  # dense time / frozen time
+
+
+def layer_rows(sparsity: float, rounds: int) -> list[dict[str, Any]]:
+    """Each shape and token count: the frozen layer's speedup over ``nn.Linear``, and at s=0."""
+    rows = []
+    for fin, fout in SHAPES:
+        torch.manual_seed(fin + fout)
+        lin = torch.nn.Linear(fin, fout)
+        order = torch.randperm(fin * fout)
+        mask = torch.zeros(fin * fout, dtype=torch.bool)
+        mask[order[: round((1 - sparsity) * fin * fout)]] = True
+        mask = mask.reshape(fout, fin)
+        with torch.no_grad():
+            lin.weight.mul_(mask)
+        layers = {}
+        for name, m in (("frozen", mask), ("s=0", torch.ones_like(mask))):
+            p = pack(lin.weight, m)
+            layers[name] = SparseLinear(p, lin.bias, choose(p, available_kernels()))
+        for tokens in TOKENS:
+            x = torch.randn(tokens, fin)
+            with torch.inference_mode():
+                fns = {"dense": lambda x=x, lin=lin: lin(x)}
+                fns |= {n: (lambda f=f, x=x: f(x)) for n, f in layers.items()}
+                samples = interleave(fns, rounds, warmup=1, number=max(1, 64 // tokens))
+            rows.append(
+                {
+                    "shape": f"{fin}x{fout}",
+                    "tokens": tokens,
+                    "kernel": layers["frozen"].kernel(tokens),
+                    "speedup": _ratio(samples, "frozen").as_dict(),
+                    "s0": _ratio(samples, "s=0").as_dict(),
+                }
+            )
+            print(f"  {fin}x{fout} at {tokens} tokens: {rows[-1]['speedup']['median']:.2f}x", flush=True)
+    return rows
+
+
+def model_rows(sparsity: float, rounds: int, threads: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The whole GPT-2 small, 128 tokens, batch 1 and 8: frozen against the original module."""
+    from run import gpt  # benchmarks/run.py's pinned GPT (untied LM head)
+
+    model, _ = gpt(12, 50257)
+    ids = torch.randint(0, 50257, (1, 128))
+    frozen = {}
+    for name, s in (("frozen", sparsity), ("s=0", 0.0)):
+        dense_copy, _ = gpt(12, 50257)  # compile prunes its model's weights in place: not the baseline's
+        sm = sparsefx.compile(
+            dense_copy, {"algorithm": "static", "sparsity": s, "param_filter": LINEAR}, (ids,)
+        )
+        t0 = time.perf_counter()
+        frozen[name] = sparsefx.freeze(sm.eval())
+        frozen[name + " seconds"] = time.perf_counter() - t0
+        frozen[name + " sm"] = sm
+    rows = []
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        for batch in (1, 8):
+            x = torch.randint(0, 50257, (batch, 128))
+            with torch.inference_mode():
+                out, expected = frozen["frozen"](x), frozen["frozen sm"](x)
+                torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+                fns = {
+                    "dense": lambda x=x: model(x),
+                    "frozen": lambda x=x: frozen["frozen"](x),
+                    "s=0": lambda x=x: frozen["s=0"](x),
+                }
+                samples = interleave(fns, rounds, warmup=1)
+            rows.append(
+                {
+                    "threads": n_threads,
+                    "batch": batch,
+                    "dense_s": summarize(samples["dense"]).median,
+                    "speedup": _ratio(samples, "frozen").as_dict(),
+                    "s0": _ratio(samples, "s=0").as_dict(),
+                }
+            )
+            print(f"  batch {batch}, {n_threads} thread(s): {rows[-1]['speedup']['median']:.2f}x", flush=True)
+    torch.set_num_threads(1)
+    f = frozen["frozen"]
+    info = {
+        "freeze_s": frozen["frozen seconds"],
+        "frozen_bytes": f.frozen_bytes,
+        "dense_bytes": f.dense_bytes,
+    }
+    return [{**r, **info} for r in rows]
+
+
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else verdict(ok)
+
+
+def _x(s: dict[str, float]) -> str:
+    return f"{s['median']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("layers", "model", "all"), default="all")
+    p.add_argument("--sparsity", type=float, nargs="+", default=[0.9])
+    p.add_argument("--rounds", type=int, default=ROUNDS)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    add_json_arg(p)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {"environment": environment(), "layers": {}, "model": {}}
+    for s in args.sparsity:
+        if args.part in ("layers", "all"):
+            rows = out["layers"][str(s)] = layer_rows(s, args.rounds)
+            table = []
+            for r in rows:
+                target = 2.5 if r["tokens"] <= 8 else 3.5
+                med, hi = r["speedup"]["median"], r["speedup"]["ci_high"]
+                ok = med >= target if s == 0.9 else (hi >= 1.0 if s == 0.5 else None)
+                table.append(
+                    [r["shape"], str(r["tokens"]), r["kernel"], _x(r["speedup"]), _x(r["s0"]),
+                     f">= {target}x" if s == 0.9 else ("never slower" if s == 0.5 else "report"),
+                     _verdict(ok)]
+                )  # fmt: skip
+            cols = ["shape (in x out)", "tokens", "kernel", "frozen / dense", "s=0 path", "target", ""]
+            print_table(f"Per layer at {s:.0%}, one thread", cols, table)
+        if args.part in ("model", "all"):
+            rows = out["model"][str(s)] = model_rows(s, max(5, args.rounds - 2), tuple(args.threads))
+            table = []
+            for r in rows:
+                target = 3.0 if r["threads"] == 1 else 2.5
+                ok = r["speedup"]["median"] >= target if s == 0.9 else None
+                table.append(
+                    [str(r["threads"]), str(r["batch"]), f"{r['dense_s'] * 1e3:.0f} ms", _x(r["speedup"]),
+                     _x(r["s0"]), f">= {target}x" if s == 0.9 else "report", _verdict(ok)]
+                )  # fmt: skip
+            cols = ["threads", "batch x 128", "dense", "frozen / dense", "s=0 path", "target", ""]
+            r0 = rows[0]
+            print_table(
+                f"GPT-2 small at {s:.0%} (LM head too): frozen in {r0['freeze_s']:.1f} s, "
+                f"{r0['frozen_bytes'] / 1e6:.0f} MB of sparse weights against "
+                f"{r0['dense_bytes'] / 1e6:.0f} MB dense",
+                cols,
+                table,
+            )
+    if args.json:
+        write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
