@@ -51,10 +51,11 @@ def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int) -
         mask[0, 0] = False
         p = pack(w, mask)
         x = torch.randn(tokens, 24)
-        expected = torch.nn.functional.linear(x, torch.where(mask, w, 0.0))
-        got = KERNELS[kernel](p, x)
-        assert got.shape == (tokens, 40), what
-        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (kernel, what)
+        for bias in (None, torch.randn(40)):
+            expected = torch.nn.functional.linear(x, torch.where(mask, w, 0.0), bias)
+            got = KERNELS[kernel](p, x, bias)
+            assert got.shape == (tokens, 40), what
+            assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (kernel, what, bias is None)
 
 
 def test_a_frozen_layer_takes_non_contiguous_broadcast_and_empty_inputs() -> None:

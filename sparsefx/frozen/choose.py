@@ -3,9 +3,10 @@
 For each token count in ``BUCKETS`` the candidates (``kernels.available_kernels``) run on random
 inputs in interleaved rounds; the median of each kernel's times picks the fastest. ``dense`` is always
 a candidate, so a layer whose sparse kernels are not faster at some size stays dense there. A call
-takes the choice of the largest bucket at or below its tokens (``kernel_for``). Sizes past
-``BUDGET`` multiply-accumulates of dense work are not timed; they take the largest timed bucket's
-choice. Layers of one shape and density share one measurement (``choose_all``)::
+takes the choice of the largest bucket at or below its tokens (``kernel_for``). Where a layer's dense
+work at a bucket is past ``BUDGET`` multiply-accumulates (an LM head at 512 tokens), its first output
+rows are timed, as many as the budget holds. Layers of one shape and density share one measurement
+(``freeze.py``)::
 
     >>> kernel_for(("spmv", "torch", "torch", "rows", "rows"), 1), kernel_for(("spmv", "torch"), 20)
     ('spmv', 'torch')
@@ -27,8 +28,8 @@ __all__ = ["BUCKETS", "BUDGET", "ROUNDS", "choose", "kernel_for"]
 BUCKETS = (1, 8, 32, 128, 512)
 """Token counts the choice is measured at."""
 
-BUDGET = 2**31
-"""The most dense multiply-accumulates a timed call may take (GPT-2's LM head at 512 tokens is 2e10)."""
+BUDGET = 2**28
+"""The most dense multiply-accumulates a timed call takes (GPT-2's LM head at 512 tokens would take 2e10)."""
 
 ROUNDS = 5
 """Interleaved timing rounds per bucket (after one warm-up call of each kernel)."""
@@ -49,21 +50,28 @@ def _time(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def _rows(p: PackedWeight, n: int) -> PackedWeight:
+    """``p``'s first ``n`` output rows (all of them when it has no more): every kernel's time grows
+    with the rows in proportion, so a layer too large to time whole is timed on a slice of itself."""
+    if n >= p.out_features:
+        return p
+    end = int(p.indptr[n])
+    return PackedWeight(p.values[:end], p.indices[:end], p.indptr[: n + 1].clone(), p.in_features)
+
+
 def choose(p: PackedWeight, candidates: Sequence[str], *, rounds: int = ROUNDS) -> tuple[str, ...]:
     """The fastest of ``candidates`` for ``p`` at each bucket (``spmv`` only at one token)."""
     gen = torch.Generator().manual_seed(0)
     choice: list[str] = []
     for tokens in BUCKETS:
-        if tokens * p.in_features * p.out_features > BUDGET and choice:
-            choice.append(choice[-1])
-            continue
+        q = _rows(p, max(1, BUDGET // (tokens * p.in_features)))
         x = torch.randn(tokens, p.in_features, generator=gen, dtype=p.values.dtype)
         names = [k for k in candidates if k != "spmv" or tokens == 1]
         times: dict[str, list[float]] = {k: [] for k in names}
         for k in names:  # warm-up: numba compiles, MKL sets up
-            KERNELS[k](p, x)
+            KERNELS[k](q, x)
         for r in range(rounds):
             for k in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order each round
-                times[k].append(_time(lambda k=k, x=x: KERNELS[k](p, x)))
+                times[k].append(_time(lambda k=k, x=x, q=q: KERNELS[k](q, x)))
         choice.append(min(names, key=lambda k: statistics.median(times[k])))
     return tuple(choice)

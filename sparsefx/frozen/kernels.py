@@ -1,7 +1,7 @@
 """Sparse-times-dense kernels for a frozen linear layer: ``y[T, out] = x[T, in] @ W.T`` with ``W`` in CSR.
 
-Each kernel takes the packed weight (``PackedWeight``) and a 2-D, contiguous float32 ``x`` and returns
-``[T, out]`` without the bias. Which one is fastest depends on the tokens ``T`` (``choose.py`` measures):
+Each kernel takes the packed weight (``PackedWeight``), a 2-D, contiguous float32 ``x`` and the bias
+(or None) and returns ``[T, out]``. Which one is fastest depends on the tokens ``T`` (``choose.py`` measures):
 
 * ``spmv`` (numba): one token, a gather dot product per output row.
 * ``rows`` (numba): many tokens. ``x`` is transposed once so that each input feature's tokens are
@@ -40,7 +40,7 @@ __all__ = ["KERNELS", "NUMBA", "available_kernels", "Kernel"]
 NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
 """Whether the numba kernels run: numba installed (the ``fast`` extra) and ``SPARSEFX_NUMBA`` not 0."""
 
-Kernel = Callable[[PackedWeight, torch.Tensor], torch.Tensor]
+Kernel = Callable[..., torch.Tensor]
 
 _compiled: dict[str, Callable] = {}
 
@@ -52,7 +52,7 @@ def _numba(name: str) -> Callable:
 
         opts = {"fastmath": True, "cache": True, "boundscheck": False, "nogil": True}
 
-        def spmv(indptr, indices, values, x, out):  # pragma: no cover - compiled
+        def spmv(indptr, indices, values, bias, x, out):  # pragma: no cover - compiled
             for o in range(indptr.shape[0] - 1):
                 p, hi = indptr[o], indptr[o + 1]
                 s0 = s1 = s2 = s3 = np.float32(0.0)  # four sums: the adds do not wait on each other
@@ -65,14 +65,15 @@ def _numba(name: str) -> Callable:
                 while p < hi:
                     s0 += values[p] * x[indices[p]]
                     p += 1
-                out[o] = (s0 + s1) + (s2 + s3)
+                out[o] = (s0 + s1) + (s2 + s3) + (bias[o] if bias.shape[0] else np.float32(0.0))
 
-        def rows(indptr, indices, values, xt, out_t):  # pragma: no cover - compiled
+        def rows(indptr, indices, values, bias, xt, out_t):  # pragma: no cover - compiled
             tokens = xt.shape[1]
             for o in prange(indptr.shape[0] - 1):
                 row = out_t[o]
+                b = bias[o] if bias.shape[0] else np.float32(0.0)
                 for t in range(tokens):
-                    row[t] = 0.0
+                    row[t] = b
                 p, hi = indptr[o], indptr[o + 1]
                 while p + 4 <= hi:  # four nonzeros a pass: a row's load and store serve four products
                     w0, w1, w2, w3 = values[p], values[p + 1], values[p + 2], values[p + 3]
@@ -106,16 +107,23 @@ def _arrays(p: PackedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return p._cache["numpy"]
 
 
-def _spmv(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty((x.shape[0], p.out_features), dtype=torch.float32)
+_NO_BIAS = np.zeros(0, dtype=np.float32)
+
+
+def _bias(b: torch.Tensor | None) -> np.ndarray:
+    return _NO_BIAS if b is None else b.numpy()
+
+
+def _spmv(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    out = np.empty((x.shape[0], p.out_features), dtype=np.float32)
     indptr, indices, values = _arrays(p)
-    xs, outs, spmv = x.numpy(), out.numpy(), _numba("spmv")
+    xs, b, spmv = x.numpy(), _bias(bias), _numba("spmv")
     for t in range(x.shape[0]):
-        spmv(indptr, indices, values, xs[t], outs[t])
-    return out
+        spmv(indptr, indices, values, b, xs[t], out[t])
+    return torch.from_numpy(out)
 
 
-def _rows(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
+def _rows(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     xt = np.ascontiguousarray(x.numpy().T)
     out_t = np.empty((p.out_features, x.shape[0]), dtype=np.float32)
     threads = torch.get_num_threads()
@@ -123,20 +131,21 @@ def _rows(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
         import numba
 
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    _numba("rows_parallel" if threads > 1 else "rows")(*_arrays(p), xt, out_t)
+    _numba("rows_parallel" if threads > 1 else "rows")(*_arrays(p), _bias(bias), xt, out_t)
     return torch.from_numpy(out_t).T
 
 
-def _torch(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
-    return torch.sparse.mm(p.csr(), x.T).T
+def _torch(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = torch.sparse.mm(p.csr(), x.T).T
+    return y if bias is None else y + bias
 
 
-def _dense(p: PackedWeight, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, p.dense())
+def _dense(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, p.dense(), bias)
 
 
 KERNELS: dict[str, Kernel] = {"spmv": _spmv, "rows": _rows, "torch": _torch, "dense": _dense}
-"""Kernel name -> ``kernel(packed, x2d)``."""
+"""Kernel name -> ``kernel(packed, x2d, bias=None)``."""
 
 
 def available_kernels(backend: str = "auto") -> list[str]:

@@ -49,12 +49,13 @@ class SparseLinear(nn.Module):
         codes = [KERNEL_NAMES.index(k) for k in choice]
         self.register_buffer("kernel_choice", torch.tensor(codes, dtype=torch.int8))
         self._packed = packed
+        self._choice = tuple(choice)
 
     @property
     def packed(self) -> PackedWeight:
-        """The weight as the kernels read it (rebuilt after ``load_state_dict``)."""
+        """The weight as the kernels read it (rebuilt after ``load_state_dict`` or ``.to()``)."""
         p = self._packed
-        if p.values is not self.weight_values or p.indices is not self.weight_indices:  # ``.to()``
+        if p.values is not self.weight_values or p.indices is not self.weight_indices:
             p = self._packed = self._repack()
         return p
 
@@ -63,21 +64,30 @@ class SparseLinear(nn.Module):
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
-        self._packed = PackedWeight(
-            self.weight_values, self.weight_indices, self.weight_indptr, self.in_features
-        )
+        self._packed = self._repack()  # loaded in place: what the kernels had made of it is stale
+        self._choice = tuple(KERNEL_NAMES[int(c)] for c in self.kernel_choice)
 
     @property
     def choice(self) -> tuple[str, ...]:
         """The kernel name for each bucket of ``choose.BUCKETS``."""
-        return tuple(KERNEL_NAMES[int(c)] for c in self.kernel_choice)
+        return self._choice
 
     def kernel(self, tokens: int) -> str:
         """The kernel a call of ``tokens`` rows runs (``spmv`` and ``rows`` need numba: else ``torch``)."""
-        name = kernel_for(self.choice, tokens)
+        name = kernel_for(self._choice, tokens)
         return "torch" if name in ("spmv", "rows") and not NUMBA else name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features or x.device.type != "cpu" or x.dtype != self.weight_values.dtype:
+            self._refuse(x)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        if not x2.shape[0]:
+            return x2.new_zeros((*lead, self.out_features))
+        name = self.kernel(x2.shape[0]) if x2.dtype == torch.float32 else "torch"
+        return KERNELS[name](self.packed, x2, self.bias).reshape(*lead, self.out_features)
+
+    def _refuse(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.in_features:
             raise FreezeError(
                 f"a frozen linear layer takes {self.in_features} input features; got an input of "
@@ -85,20 +95,10 @@ class SparseLinear(nn.Module):
             )
         if x.device.type != "cpu":
             raise FreezeError(f"a frozen model runs on the CPU; got an input on {x.device}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        dtype = x2.dtype
-        if dtype != self.weight_values.dtype:
-            raise FreezeError(
-                f"this frozen layer holds {self.weight_values.dtype} weights; got a {dtype} input "
-                "(freeze the model in the dtype it runs in)"
-            )
-        x2 = x2.contiguous()
-        name = self.kernel(x2.shape[0]) if dtype == torch.float32 else "torch"
-        y = KERNELS[name](self.packed, x2) if x2.shape[0] else x2.new_zeros((0, self.out_features))
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*lead, self.out_features)
+        raise FreezeError(
+            f"this frozen layer holds {self.weight_values.dtype} weights; got a {x.dtype} input "
+            "(freeze the model in the dtype it runs in)"
+        )
 
     def extra_repr(self) -> str:
         p = self.packed
