@@ -15,12 +15,15 @@ Each figure has the same frozen path at sparsity 0 beside it (``s=0``): what com
 not from the path itself. The freeze time is reported too::
 
     .venv/bin/python benchmarks/freeze.py [--part layers|model|all] [--sparsity 0.9 ...] [--json PATH]
+    .venv/bin/python benchmarks/freeze.py --readme   # 50%, 90% and 99%, the README's table
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +35,7 @@ from _timing import (
     print_table,
     summarize,
     verdict,
+    write_between_markers,
     write_json,
 )
 
@@ -45,6 +49,9 @@ SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # GPT-2 small's (i
 TOKENS = (1, 8, 32, 128, 512, 1024)
 LINEAR = ["*.attn.*.weight", "*.mlp.*.weight", "lm_head.weight"]  # every linear layer, the LM head too
 ROUNDS = 7
+README = Path(__file__).resolve().parents[1] / "README.md"
+START, END = "<!-- freeze:start -->", "<!-- freeze:end -->"
+COMMAND = ".venv/bin/python benchmarks/freeze.py --readme"
 
 
 def _ratio(samples: dict[str, list[float]], name: str) -> Any:
@@ -144,14 +151,57 @@ def _x(s: dict[str, float]) -> str:
     return f"{s['median']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]"
 
 
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def markdown(out: dict[str, Any]) -> str:
+    """The README's tables: per layer (shape and sparsity by tokens) and the whole model."""
+    env = out["environment"]
+    lines = [
+        f"Measured with `{COMMAND}` on {_cpu()} ({env['cpus']} cores), torch {env['torch']}, one thread "
+        "unless a row says two. Each cell is the median of the per-round ratios, dense eager time over "
+        "frozen time.",
+        "",
+        "| layer (in x out) | sparsity | " + " | ".join(f"{t} tokens" for t in TOKENS) + " |",
+        "|---|---|" + "---|" * len(TOKENS),
+    ]
+    for s, rows in out["layers"].items():
+        for shape in dict.fromkeys(r["shape"] for r in rows):
+            cells = [f"{r['speedup']['median']:.2f}x ({r['kernel']})" for r in rows if r["shape"] == shape]
+            lines.append(f"| {shape} | {float(s):.0%} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| whole GPT-2 small, 128 tokens | sparsity | threads | batch 1 | batch 8 | freeze | size |",
+    ]
+    lines += ["|---|---|---|---|---|---|---|"]
+    for s, rows in out["model"].items():
+        for n in dict.fromkeys(r["threads"] for r in rows):
+            by = {r["batch"]: r for r in rows if r["threads"] == n}
+            r0 = rows[0]
+            size = f"{r0['frozen_bytes'] / 1e6:.0f} MB of {r0['dense_bytes'] / 1e6:.0f} MB"
+            b1, b8 = by[1]["speedup"]["median"], by[8]["speedup"]["median"]
+            lines.append(
+                f"| every linear layer, LM head too | {float(s):.0%} | {n} | {b1:.2f}x | {b8:.2f}x "
+                f"| {r0['freeze_s']:.1f} s | {size} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", choices=("layers", "model", "all"), default="all")
     p.add_argument("--sparsity", type=float, nargs="+", default=[0.9])
     p.add_argument("--rounds", type=int, default=ROUNDS)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--readme", action="store_true", help="measure 50%%, 90%% and 99%% and rewrite the README")
     add_json_arg(p)
     args = p.parse_args(argv)
+    if args.readme:
+        args.part, args.sparsity = "all", [0.5, 0.9, 0.99]
     torch.set_num_threads(1)
     out: dict[str, Any] = {"environment": environment(), "layers": {}, "model": {}}
     for s in args.sparsity:
@@ -170,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             cols = ["shape (in x out)", "tokens", "kernel", "frozen / dense", "s=0 path", "target", ""]
             print_table(f"Per layer at {s:.0%}, one thread", cols, table)
         if args.part in ("model", "all"):
-            rows = out["model"][str(s)] = model_rows(s, max(5, args.rounds - 2), tuple(args.threads))
+            threads = tuple(args.threads) if s == 0.9 or not args.readme else (1,)
+            rows = out["model"][str(s)] = model_rows(s, max(5, args.rounds - 2), threads)
             table = []
             for r in rows:
                 target = 3.0 if r["threads"] == 1 else 2.5
@@ -190,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.json:
         write_json(args.json, out)
+    if args.readme:
+        write_between_markers(README, START, END, markdown(out))
     return 0
 
 

@@ -225,6 +225,8 @@ def test_demo_runs_end_to_end(results: dict) -> None:
     for label in ("run summary", "realized speedup", "ideal speedup 1/(1-s)", "where the cycles go"):
         assert label in out
     assert "not available yet" not in out
+    assert "frozen model (sparsefx.freeze) against the compiled model" in out
+    assert "real CPU: the frozen model runs" in out and "on the emulated mesh" in out
 
 
 def test_demo_writes_its_files(results: dict, config_dir: Path) -> None:
@@ -270,12 +272,14 @@ def test_run_demo_is_deterministic_and_learns() -> None:
     first = run_demo("mlp", sparsity=0.75, steps=20, seed=3, console=quiet)
     assert torch.get_num_threads() == threads  # one thread for a small model, restored after
     second = run_demo("mlp", sparsity=0.75, steps=20, seed=3, console=quiet)
-    assert dataclasses.replace(first, seconds=0.0) == dataclasses.replace(second, seconds=0.0)
+    timed = {"seconds": 0.0, "frozen_speedup": 0.0}  # wall-clock figures
+    assert dataclasses.replace(first, **timed) == dataclasses.replace(second, **timed)
     assert first.max_abs_diff <= 1e-5 and first.max_abs_diff_trained <= 1e-5
     assert first.pruned_stay_zero and first.masks_unchanged
     assert first.loss_after < first.loss_before
     assert first.flops.sparse_forward < first.flops.dense_forward
     assert first.emulated_max_diff <= 1e-4 and first.cycles > 0
+    assert first.frozen_max_diff <= 1e-5 and first.frozen_speedup > 0
     assert first.ideal == pytest.approx(4.0, rel=1e-3)  # 1 / (1 - 0.75)
     assert first.files == ()  # no out folder, no files
 

@@ -212,3 +212,30 @@ def test_a_frozen_model_refuses_to_train() -> None:
         sparsefx.freeze(torch.nn.Linear(2, 2))
     with pytest.raises(FreezeError, match="backend 'mkl' is not one of auto, torch"):
         sparsefx.freeze(sm, backend="mkl")
+
+
+def test_without_numba_freeze_uses_torchs_kernels_and_says_so_once(monkeypatch) -> None:
+    import importlib
+
+    from sparsefx.frozen import kernels
+
+    freeze_module = importlib.import_module("sparsefx.frozen.freeze")  # the module, not the function
+
+    monkeypatch.setattr(kernels, "NUMBA", False)
+    monkeypatch.setattr(freeze_module, "_warned", False)
+    assert kernels.available_kernels() == ["torch", "dense"]
+    sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(32, 32)), 0.9).eval()
+    with pytest.warns(UserWarning, match="numba is not installed"):
+        fast = sparsefx.freeze(sm)
+    assert {k for r in fast.freeze_report for k in r.kernels} <= {"torch", "dense"}
+    layer = next(m for m in fast.modules() if isinstance(m, SparseLinear))
+    layer._choice = ("spmv", "rows", "rows", "rows", "rows")  # a state frozen where numba was
+    assert layer.kernel(1) == "torch" and layer.kernel(200) == "torch"
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert torch.allclose(fast(x), sm(x), rtol=1e-4, atol=1e-5)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sparsefx.freeze(sm)  # said once

@@ -1,8 +1,10 @@
 """Which kernel a frozen layer runs, by tokens: measured on this machine when the model is frozen.
 
 For each token count in ``BUCKETS`` the candidates (``kernels.available_kernels``) run on random
-inputs in interleaved rounds; the median of each kernel's times picks the fastest. ``dense`` is always
-a candidate, so a layer whose sparse kernels are not faster at some size stays dense there. A call
+inputs in interleaved rounds, each sample ``SAMPLE`` seconds of calls; the median of each kernel's
+times picks the fastest. ``dense`` is always a candidate, and a sparse kernel wins only by ``MARGIN``,
+and again in a second set of rounds against dense alone (a burst of load on a shared machine can
+flip one set), so a layer whose sparse kernels are not clearly faster at some size stays dense there. A call
 takes the choice of the largest bucket at or below its tokens (``kernel_for``). Where a layer's dense
 work at a bucket is past ``BUDGET`` multiply-accumulates (an LM head at 512 tokens), its first output
 rows are timed, as many as the budget holds. Layers of one shape and density share one measurement
@@ -34,6 +36,13 @@ BUDGET = 2**28
 ROUNDS = 5
 """Interleaved timing rounds per bucket (after one warm-up call of each kernel)."""
 
+SAMPLE = 2e-3
+"""Seconds of calls one timing sample takes (a one-token call is tens of microseconds: too noisy alone)."""
+
+MARGIN = 0.95
+"""A sparse kernel is chosen only where its median is below this share of the dense one's: within noise
+of dense, a layer stays dense."""
+
 
 def kernel_for(choice: Sequence[str], tokens: int) -> str:
     """The kernel ``choice`` (one name per bucket of ``BUCKETS``) names for a call of ``tokens``."""
@@ -44,10 +53,11 @@ def kernel_for(choice: Sequence[str], tokens: int) -> str:
     return choice[at]
 
 
-def _time(fn: Callable[[], object]) -> float:
+def _time(fn: Callable[[], object], calls: int) -> float:
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
 
 
 def _rows(p: PackedWeight, n: int) -> PackedWeight:
@@ -59,6 +69,18 @@ def _rows(p: PackedWeight, n: int) -> PackedWeight:
     return PackedWeight(p.values[:end], p.indices[:end], p.indptr[: n + 1].clone(), p.in_features)
 
 
+def _medians(
+    q: PackedWeight, x: torch.Tensor, names: Sequence[str], calls: dict[str, int], rounds: int
+) -> dict[str, float]:
+    """Each kernel's median seconds a call over ``rounds`` interleaved rounds, the order rotated each."""
+    names = list(names)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            times[k].append(_time(lambda k=k: KERNELS[k](q, x), calls[k]))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def choose(p: PackedWeight, candidates: Sequence[str], *, rounds: int = ROUNDS) -> tuple[str, ...]:
     """The fastest of ``candidates`` for ``p`` at each bucket (``spmv`` only at one token)."""
     gen = torch.Generator().manual_seed(0)
@@ -67,11 +89,14 @@ def choose(p: PackedWeight, candidates: Sequence[str], *, rounds: int = ROUNDS) 
         q = _rows(p, max(1, BUDGET // (tokens * p.in_features)))
         x = torch.randn(tokens, p.in_features, generator=gen, dtype=p.values.dtype)
         names = [k for k in candidates if k != "spmv" or tokens == 1]
-        times: dict[str, list[float]] = {k: [] for k in names}
-        for k in names:  # warm-up: numba compiles, MKL sets up
+        calls = {}
+        for k in names:  # warm-up (numba compiles, MKL sets up), then enough calls for SAMPLE seconds
             KERNELS[k](q, x)
-        for r in range(rounds):
-            for k in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order each round
-                times[k].append(_time(lambda k=k, x=x, q=q: KERNELS[k](q, x)))
-        choice.append(min(names, key=lambda k: statistics.median(times[k])))
+            once = _time(lambda k=k, x=x, q=q: KERNELS[k](q, x), 1)
+            calls[k] = max(1, min(1000, round(SAMPLE / max(once, 1e-7))))
+        median = _medians(q, x, names, calls, rounds)
+        best = min(names, key=median.__getitem__)
+        if best != "dense" and median[best] < MARGIN * median["dense"]:  # confirmed against dense again
+            median = _medians(q, x, [best, "dense"], calls, rounds)
+        choice.append(best if median[best] < MARGIN * median["dense"] else "dense")
     return tuple(choice)

@@ -37,8 +37,8 @@ from torch import nn
 
 from sparsefx.errors import FreezeError
 
+from . import kernels
 from .choose import choose
-from .kernels import NUMBA, available_kernels
 from .packed import pack
 from .sparse_linear import SparseLinear
 
@@ -171,7 +171,7 @@ def freeze(
     t0 = time.perf_counter()
     masks = {name: m.detach().to("cpu") for name, m in sm.masks.items()}
     tree = _copy_tree(sm)
-    candidates = available_kernels(backend)
+    candidates = kernels.available_kernels(backend)
     chosen: dict[tuple, tuple[str, ...]] = {}  # one measurement per shape and density
     report: list[LayerReport] = []
     for i, (name, mask) in enumerate(masks.items()):
@@ -197,10 +197,10 @@ def freeze(
             if _linear_of(module, "weight") is not None and _linear_of(module, "weight")[1] == transposed:
                 _replace(tree, path, SparseLinear(p, module.bias, chosen[group]))
         frozen_bytes = p.nbytes + len(chosen[group])
-        kernels = chosen[group]
+        picked = chosen[group]
         shape = tuple(weight.shape)
-        report.append(LayerReport(name, shape, p.density, kernels, "", dense_bytes, frozen_bytes))
-    if not NUMBA and backend == "auto":
+        report.append(LayerReport(name, shape, p.density, picked, "", dense_bytes, frozen_bytes))
+    if not kernels.NUMBA and backend == "auto":
         report_missing_numba()
     return FrozenModel(tree.eval(), report, time.perf_counter() - t0)
 

@@ -152,4 +152,8 @@ def available_kernels(backend: str = "auto") -> list[str]:
     """The kernels a backend may choose from: ``"auto"`` every one that runs here, ``"torch"`` torch's own."""
     if backend == "torch":
         return ["torch", "dense"]
-    return (["spmv", "rows"] if NUMBA else []) + ["torch", "dense"]
+    return (NUMBA_KERNELS if NUMBA else []) + ["torch", "dense"]
+
+
+NUMBA_KERNELS = ["spmv", "rows"]
+"""The kernels that need numba."""

@@ -26,8 +26,9 @@ from torch import nn
 
 from sparsefx.errors import FreezeError
 
+from . import kernels
 from .choose import BUCKETS, kernel_for
-from .kernels import KERNELS, NUMBA
+from .kernels import KERNELS, NUMBA_KERNELS
 from .packed import PackedWeight
 
 __all__ = ["SparseLinear", "KERNEL_NAMES"]
@@ -75,7 +76,7 @@ class SparseLinear(nn.Module):
     def kernel(self, tokens: int) -> str:
         """The kernel a call of ``tokens`` rows runs (``spmv`` and ``rows`` need numba: else ``torch``)."""
         name = kernel_for(self._choice, tokens)
-        return "torch" if name in ("spmv", "rows") and not NUMBA else name
+        return "torch" if name in NUMBA_KERNELS and not kernels.NUMBA else name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features or x.device.type != "cpu" or x.dtype != self.weight_values.dtype:
