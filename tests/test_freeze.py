@@ -239,3 +239,17 @@ def test_without_numba_freeze_uses_torchs_kernels_and_says_so_once(monkeypatch) 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sparsefx.freeze(sm)  # said once
+
+
+def test_a_bfloat16_model_freezes_and_runs_dense_kernels() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model = model.to(torch.bfloat16)
+    sm = sparsefx.compile(model, 0.9).eval()
+    fast = sparsefx.freeze(sm)
+    assert {k for r in fast.freeze_report for k in r.kernels} == {"dense"}
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, expected = fast(x), sm(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), expected.float(), rtol=2e-2, atol=2e-2)

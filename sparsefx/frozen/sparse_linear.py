@@ -85,7 +85,7 @@ class SparseLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features).contiguous()
         if not x2.shape[0]:
             return x2.new_zeros((*lead, self.out_features))
-        name = self.kernel(x2.shape[0]) if x2.dtype == torch.float32 else "torch"
+        name = self.kernel(x2.shape[0]) if x2.dtype == torch.float32 else "dense"
         return KERNELS[name](self.packed, x2, self.bias).reshape(*lead, self.out_features)
 
     def _refuse(self, x: torch.Tensor) -> None:
