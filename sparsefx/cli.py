@@ -32,13 +32,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import sparsefx
-from sparsefx.commands import demo, finalize, inspect, lower, run, validate
+from sparsefx.commands import bench, demo, finalize, inspect, lower, run, validate
 from sparsefx.errors import SparseFXError
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 # The subcommands in the order ``--help`` lists them; each module has ``add_parser(sub, common)``.
-COMMANDS = (validate, inspect, lower, run, demo, finalize)
+COMMANDS = (validate, inspect, lower, run, demo, finalize, bench)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 logger = logging.getLogger("sparsefx")
 

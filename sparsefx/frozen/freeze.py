@@ -6,20 +6,21 @@ zero), and replaces each linear layer whose weight is sparse (``nn.Linear``, Hug
 bucket the kernel that measured fastest here (``choose.py``), dense where no sparse kernel is faster.
 The model runs its own eager forward, so it takes any batch and length, keeps its control flow and
 returns its own output types; a Hugging Face causal LM still ``generate``s with its cache. Other
-sparse weights (a convolution, a weight read by a matmul) keep their masked dense values and are
-named in ``freeze_report``::
+sparse weights (a convolution, a weight read by a matmul), and a layer no sparse kernel runs faster at
+any size, keep their masked dense values (and the original module) and are named in
+``freeze_report``::
 
     >>> import torch, sparsefx
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
     <torch._C.Generator object at ...>
-    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    >>> model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8))
     >>> sm = sparsefx.compile(model, 0.9).eval()
-    >>> fast = sparsefx.freeze(sm)
-    >>> x = torch.randn(5, 64)
+    >>> fast = sparsefx.freeze(sm)  # measures its kernels: a second or so
+    >>> x = torch.randn(256, 1024)
     >>> torch.allclose(fast(x), sm(x), rtol=1e-4, atol=1e-5)
     True
-    >>> [row.weight for row in fast.freeze_report if row.kernels]
-    ['0.weight', '2.weight']
+    >>> [(row.weight, row.kernels[-1] if row.kernels else row.why_dense) for row in fast.freeze_report][0]
+    ('0.weight', 'rows')
 
 A frozen model is for inference: ``.train()``, ``.parameters()`` (an optimizer) and inputs that
 require gradients are a ``FreezeError``.
@@ -193,6 +194,16 @@ def freeze(
         group = (p.out_features, p.in_features, round(p.density, 2), p.values.dtype)
         if group not in chosen:
             chosen[group] = choose(p, candidates)
+        if set(chosen[group]) == {"dense"}:  # no sparse kernel is faster at any size: the layer stays
+            why = (
+                "bfloat16: the sparse kernels take float32"
+                if p.values.dtype != torch.float32
+                else ("dense measured fastest at every size")
+            )
+            report.append(
+                LayerReport(name, tuple(weight.shape), p.density, (), why, dense_bytes, dense_bytes)
+            )
+            continue
         for path, module in _owners(tree, weight):  # every linear layer reading this tensor: packed once
             if _linear_of(module, "weight") is not None and _linear_of(module, "weight")[1] == transposed:
                 _replace(tree, path, SparseLinear(p, module.bias, chosen[group]))
