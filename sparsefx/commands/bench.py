@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -70,10 +69,8 @@ def _model_and_config(parser: argparse.ArgumentParser) -> None:
 
 def _frozen(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The model spec, its compiled form and the frozen model, with a progress bar while it packs."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     import sparsefx
+    from sparsefx.commands.progress import progress_line
     from sparsefx.config import load_config
     from sparsefx.errors import ConfigError
     from sparsefx.models.registry import build_model
@@ -83,14 +80,7 @@ def _frozen(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if not spec.args and not spec.kwargs:
         raise ConfigError(f"model {spec.name!r} has no example inputs; pass --input-shape")
     sm = sparsefx.compile(spec.model, cfg, spec.args, example_kwargs=spec.kwargs).eval()
-    with Progress(
-        TextColumn("freezing: {task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not sys.stderr.isatty(),
-    ) as progress:
+    with progress_line("freezing") as progress:
         task = progress.add_task("packing", total=max(len(sm.masks), 1))
 
         def on_layer(name: str, done: int, total: int) -> None:

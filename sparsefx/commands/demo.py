@@ -1,11 +1,11 @@
 """``sparsefx demo``: compile, train, lower and emulate a built-in model end to end (``sparsefx.demo``).
 
-    $ sparsefx demo --model mlp --steps 20 --out demo-files
+$ sparsefx demo --model mlp --steps 20 --out demo-files
 
-    >>> from sparsefx.cli import build_parser
-    >>> args = build_parser().parse_args(["demo", "--steps", "5"])
-    >>> args.model, args.sparsity, args.steps, args.out, args.handler is cmd_demo
-    ('gpt-tiny', 0.9, 5, 'sparsefx-demo', True)
+>>> from sparsefx.cli import build_parser
+>>> args = build_parser().parse_args(["demo", "--steps", "5"])
+>>> args.model, args.sparsity, args.steps, args.out, args.handler is cmd_demo
+('gpt-tiny', 0.9, 5, 'sparsefx-demo', True)
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """``sparsefx finalize``: turn a sparse checkpoint into a plain dense one (``sparsefx.checkpoint.finalize``).
 
-    $ sparsefx finalize -i sparse.pt -o dense.pt
+$ sparsefx finalize -i sparse.pt -o dense.pt
 
-    >>> from sparsefx.cli import build_parser
-    >>> args = build_parser().parse_args(["finalize", "-i", "sparse.pt", "-o", "dense.pt"])
-    >>> args.input, args.output, args.handler is cmd_finalize
-    ('sparse.pt', 'dense.pt', True)
+>>> from sparsefx.cli import build_parser
+>>> args = build_parser().parse_args(["finalize", "-i", "sparse.pt", "-o", "dense.pt"])
+>>> args.input, args.output, args.handler is cmd_finalize
+('sparse.pt', 'dense.pt', True)
 """
 
 from __future__ import annotations

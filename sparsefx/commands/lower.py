@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 
 import sparsefx
 from sparsefx.commands.args import model_args
@@ -77,17 +76,9 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 
 def _lower_with_progress(sm: sparsefx.SparseModel, inputs: object, args: argparse.Namespace) -> object:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from sparsefx.commands.progress import progress_line
 
-    with Progress(
-        TextColumn("lowering: {task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not sys.stderr.isatty(),
-    ) as progress:
+    with progress_line("lowering") as progress:
         task = progress.add_task("capture", total=len(STEPS))
 
         def on_step(name: str) -> None:

@@ -1,8 +1,8 @@
 """The rich table the commands print: figure columns never wrap, text columns fold when narrow.
 
-    >>> t = make_table("sparse parameters", "parameter", "shape", "dense FLOPs")
-    >>> [(c.header, c.no_wrap) for c in t.columns]
-    [('parameter', False), ('shape', True), ('dense\\nFLOPs', True)]
+>>> t = make_table("sparse parameters", "parameter", "shape", "dense FLOPs")
+>>> [(c.header, c.no_wrap) for c in t.columns]
+[('parameter', False), ('shape', True), ('dense\\nFLOPs', True)]
 """
 
 from __future__ import annotations
