@@ -283,3 +283,20 @@ def test_a_layer_no_sparse_kernel_beats_stays_the_original_module(monkeypatch) -
     x = torch.randn(3, 16)
     with torch.no_grad():
         assert torch.allclose(fast(x), sm(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_tied_lm_head_made_sparse_by_its_embeddings_name_is_packed(sparse_kernels) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(tiny_gpt2_config()).eval()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    ids = torch.randint(0, HF_VOCAB, (2, 8))
+    sm = sparsefx.compile(model, {"sparsity": 0.9, "param_filter": ["transformer.wte.weight"]}, (ids,))
+    fast = sparsefx.freeze(sm.eval())
+    (row,) = fast.freeze_report
+    assert row.weight == "transformer.wte.weight" and row.kernels == sparse_kernels
+    assert isinstance(fast.module.lm_head, SparseLinear)
+    assert type(fast.module.transformer.wte) is torch.nn.Embedding  # reads the masked table, dense
+    ids = torch.randint(0, HF_VOCAB, (3, 6))
+    with torch.no_grad():
+        assert torch.allclose(fast(ids).logits, sm(ids).logits, rtol=1e-4, atol=1e-5)

@@ -28,6 +28,7 @@ require gradients are a ``FreezeError``.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,14 +131,13 @@ def _copy_tree(sm: nn.Module) -> nn.Module:
     return tree
 
 
-def _linear_of(module: nn.Module, param: str) -> tuple[torch.Tensor, bool] | None:
-    """``(weight as [out, in], transposed)`` where ``module`` is a linear layer and ``param`` its weight."""
-    if param != "weight":
-        return None
+def _linear_of(module: nn.Module) -> bool | None:
+    """Whether ``module``'s ``weight`` is stored transposed (``[in, out]``: Hugging Face GPT-2's
+    ``Conv1D``) or not (``nn.Linear``); None where ``module`` is not a linear layer."""
     if type(module) is nn.Linear:
-        return module.weight, False
-    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):  # Hugging Face GPT-2's [in, out]
-        return module.weight, True
+        return False
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+        return True
     return None
 
 
@@ -183,34 +183,30 @@ def freeze(
         weight = getattr(owner, param)
         weight.data.masked_fill_(~mask.to(weight.device), 0.0)  # every reader sees the masked weight
         dense_bytes = weight.numel() * weight.element_size()
-        linear = _linear_of(owner, param)
-        if linear is None:
+        row = functools.partial(LayerReport, name, tuple(weight.shape), dense_bytes=dense_bytes)
+        # the linear layers reading this tensor, whichever module the mask is named after (a tied LM
+        # head's mask may carry the embedding's name): they share one packing
+        linears = [(path, m, _linear_of(m)) for path, m in _owners(tree, weight) if _linear_of(m) is not None]
+        if not linears:
             why = f"a {type(owner).__name__}'s {param}: only linear layers have sparse kernels"
-            density = float(mask.float().mean())
-            report.append(LayerReport(name, tuple(weight.shape), density, (), why, dense_bytes, dense_bytes))
+            report.append(row(float(mask.float().mean()), (), why, frozen_bytes=dense_bytes))
             continue
-        w, transposed = linear
-        p = pack(w.T if transposed else w, mask.T if transposed else mask)
+        transposed = linears[0][2]
+        p = pack(weight.T if transposed else weight, mask.T if transposed else mask)
         group = (p.out_features, p.in_features, round(p.density, 2), p.values.dtype)
         if group not in chosen:
             chosen[group] = choose(p, candidates)
-        if set(chosen[group]) == {"dense"}:  # no sparse kernel is faster at any size: the layer stays
-            why = (
-                "bfloat16: the sparse kernels take float32"
-                if p.values.dtype != torch.float32
-                else ("dense measured fastest at every size")
-            )
+        picked = chosen[group]
+        if set(picked) == {"dense"}:  # no sparse kernel is faster at any size: the layers stay
+            why = "bfloat16: the sparse kernels take float32" if p.values.dtype != torch.float32 else ""
             report.append(
-                LayerReport(name, tuple(weight.shape), p.density, (), why, dense_bytes, dense_bytes)
+                row(p.density, (), why or "dense measured fastest at every size", frozen_bytes=dense_bytes)
             )
             continue
-        for path, module in _owners(tree, weight):  # every linear layer reading this tensor: packed once
-            if _linear_of(module, "weight") is not None and _linear_of(module, "weight")[1] == transposed:
-                _replace(tree, path, SparseLinear(p, module.bias, chosen[group]))
-        frozen_bytes = p.nbytes + len(chosen[group])
-        picked = chosen[group]
-        shape = tuple(weight.shape)
-        report.append(LayerReport(name, shape, p.density, picked, "", dense_bytes, frozen_bytes))
+        for path, module, flipped in linears:
+            if flipped == transposed:
+                _replace(tree, path, SparseLinear(p, module.bias, picked))
+        report.append(row(p.density, picked, "", frozen_bytes=p.nbytes + len(picked)))
     if not kernels.NUMBA and backend == "auto":
         report_missing_numba()
     return FrozenModel(tree.eval(), report, time.perf_counter() - t0)
