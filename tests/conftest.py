@@ -81,6 +81,22 @@ def tiny_gpt2_config(**overrides: Any) -> Any:
     return transformers.GPT2Config(**(fields | overrides))
 
 
+def tiny_llama_config(**overrides: Any) -> Any:
+    """A two-layer, 32-wide ``transformers.LlamaConfig`` (no download); ``overrides`` set other fields."""
+    import transformers
+
+    fields = dict(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=HF_VOCAB,
+        max_position_embeddings=32,
+    )
+    return transformers.LlamaConfig(**(fields | overrides))
+
+
 def tiny_bert_config() -> Any:
     """A two-layer, 32-wide ``transformers.BertConfig`` (no download)."""
     import transformers

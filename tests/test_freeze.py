@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sparsefx
-from conftest import HF_VOCAB, tiny_bert_config, tiny_gpt2_config
+from conftest import HF_VOCAB, tiny_bert_config, tiny_gpt2_config, tiny_llama_config
 from sparsefx.errors import FreezeError
 from sparsefx.frozen.choose import BUCKETS, kernel_for
 from sparsefx.frozen.kernels import KERNELS, NUMBA, available_kernels
@@ -150,15 +150,7 @@ def test_frozen_hf_encoders_and_llama_equal_the_compiled_model(which: str, spars
     if which == "bert":
         model = transformers.BertModel(tiny_bert_config())
     else:
-        config = transformers.LlamaConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=HF_VOCAB,
-            max_position_embeddings=64,
-        )
+        config = tiny_llama_config(num_attention_heads=4, max_position_embeddings=64)  # 2 heads a key
         model = transformers.LlamaForCausalLM(config)
     model.eval()
     sm = sparsefx.compile(model, 0.9, (torch.randint(0, HF_VOCAB, (2, 10)),)).eval()

@@ -26,7 +26,7 @@ import torch
 import transformers
 
 import sparsefx
-from conftest import HF_VOCAB, tiny_gpt2_config
+from conftest import HF_VOCAB, tiny_gpt2_config, tiny_llama_config
 from sparsefx.models import build_model
 from sparsefx.runtime.stats import RunStats
 
@@ -53,16 +53,7 @@ def _gpt2() -> tuple[torch.nn.Module, tuple]:
 def _llama() -> tuple[torch.nn.Module, tuple]:
     """LLaMA with its key-value cache (``use_cache``: the cache is among the outputs)."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=HF_VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        use_cache=True,
-    )
+    config = tiny_llama_config(num_hidden_layers=1, use_cache=True)
     return transformers.LlamaForCausalLM(config).eval(), (torch.randint(0, HF_VOCAB, (1, 5)),)
 
 
