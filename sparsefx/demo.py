@@ -42,6 +42,7 @@ from torch.func import functional_call
 import sparsefx
 from sparsefx.accounting import FlopReport
 from sparsefx.errors import ConfigError, ProgramWriteError, VerifyError
+from sparsefx.frozen.timing import speedup_rounds
 from sparsefx.model import SparseModel
 from sparsefx.models.gpt import GPT
 from sparsefx.models.registry import build_model
@@ -212,20 +213,8 @@ def _freeze(
     side with what the emulated mesh said; ``(speedup, max |diff|)``."""
     fast = sparsefx.freeze(sm.eval())
     with torch.inference_mode():
-        expected, got = sm(*args), fast(*args)
-        diff = max(
-            (float((g - e).abs().max()) for g, e in zip(_leaves(got), _leaves(expected)) if e.numel()),
-            default=0.0,
-        )
-        ratios = []
-        reference(*args), fast(*args)
-        for _ in range(FREEZE_ROUNDS):
-            t0 = time.perf_counter()
-            reference(*args)
-            dense = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            fast(*args)
-            ratios.append(dense / max(time.perf_counter() - t0, 1e-9))
+        diff = _max_abs(*_paired(fast(*args), sm(*args), "frozen model", "the compiled model returns"))
+        ratios = speedup_rounds(lambda: reference(*args), lambda: fast(*args), FREEZE_ROUNDS)
     speedup = statistics.median(ratios)
     packed = sum(bool(r.kernels) for r in fast.freeze_report)
     mesh = f"{stats.dense.realized:.2f}x on the emulated mesh" if stats.dense else "no emulated baseline"
@@ -238,10 +227,6 @@ def _freeze(
         f"frozen in {fast.freeze_seconds:.1f} s), beside {mesh}"
     )
     return speedup, diff
-
-
-def _leaves(value: Any) -> list[torch.Tensor]:
-    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -408,11 +393,25 @@ def _max_diff(sm: SparseModel, reference: nn.Module, args: tuple) -> float:
     state = {k: v for k, v in sm.state_dict(keep_vars=True).items() if k in names}
     for name, mask in sm.masks.items():
         state[name] = state[name] * mask
-    got = tensor_leaves(sm(*args))
-    want = tensor_leaves(functional_call(reference, state, args))
-    if len(got) != len(want) or not got:
-        raise VerifyError(f"equivalence check: {len(got)} output tensors, reference has {len(want)}")
-    return max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, want))
+    got, want = _paired(
+        sm(*args), functional_call(reference, state, args), "equivalence check", "reference has"
+    )
+    return _max_abs(got, want)
+
+
+def _paired(got: Any, want: Any, what: str, theirs: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The output tensors of two runs of one model, which must be as many (and some)."""
+    g, w = tensor_leaves(got), tensor_leaves(want)
+    if len(g) != len(w) or not g:
+        raise VerifyError(f"{what}: {len(g)} output tensors, {theirs} {len(w)}")
+    return g, w
+
+
+def _max_abs(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest absolute difference between paired tensors (an empty pair differs by nothing)."""
+    return max(
+        (float((g.float() - w.float()).abs().max()) for g, w in zip(got, want) if w.numel()), default=0.0
+    )
 
 
 def _report_diff(console: Any, label: str, diff: float) -> None:
@@ -457,11 +456,8 @@ def _emulate(sm: SparseModel, program: Any, args: tuple, console: Any) -> tuple[
 
     result = sparsefx.run(program, args)
     with torch.no_grad():
-        want = tensor_leaves(sm.eval()(*args))
-    got = tensor_leaves(result.outputs)
-    if len(got) != len(want) or not got:
-        raise VerifyError(f"emulation: {len(got)} output tensors, the model returns {len(want)}")
-    diff = max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, want))
+        got, want = _paired(result.outputs, sm.eval()(*args), "emulation", "the model returns")
+    diff = _max_abs(got, want)
     close = all(torch.allclose(g, w, rtol=EMULATION_RTOL, atol=EMULATION_ATOL) for g, w in zip(got, want))
     console.print(
         f"emulated on the mesh (fresh inputs): outputs equal sm.eval()'s, max |diff| = {diff:.2e} "

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -90,27 +89,13 @@ def _frozen(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return spec, sm, fast
 
 
-def _ratios(fns: dict[str, Any], rounds: int) -> list[float]:
-    """Per round, the dense call's seconds over the frozen call's (order alternating)."""
-    for fn in fns.values():
-        fn()
-    out = []
-    for r in range(rounds):
-        seconds = {}
-        for name in ["dense", "frozen"] if r % 2 == 0 else ["frozen", "dense"]:
-            t0 = time.perf_counter()
-            fns[name]()
-            seconds[name] = time.perf_counter() - t0
-        out.append(seconds["dense"] / max(seconds["frozen"], 1e-9))
-    return out
-
-
 def _layer_rows(fast: Any, spec: Any, rounds: int) -> list[dict[str, Any]]:
     """Each packed layer at the tokens it sees on the example inputs, against ``F.linear``."""
     import torch
     import torch.nn.functional as F
 
     from sparsefx.frozen.sparse_linear import SparseLinear
+    from sparsefx.frozen.timing import speedup_rounds
 
     seen: dict[str, int] = {}
     layers = {name: m for name, m in fast.module.named_modules() if isinstance(m, SparseLinear)}
@@ -132,12 +117,8 @@ def _layer_rows(fast: Any, spec: Any, rounds: int) -> list[dict[str, Any]]:
         tokens = seen.get(name, 1)
         x = torch.randn(tokens, layer.in_features)
         weight = layer.packed.dense()
-        ratios = _ratios(
-            {
-                "dense": lambda x=x, w=weight, b=layer.bias: F.linear(x, w, b),
-                "frozen": lambda x=x, layer=layer: layer(x),
-            },
-            rounds,
+        ratios = speedup_rounds(
+            lambda x=x, w=weight, b=layer.bias: F.linear(x, w, b), lambda x=x, layer=layer: layer(x), rounds
         )
         rows.append(
             {
@@ -157,17 +138,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
     from rich.table import Table
 
+    from sparsefx.frozen.timing import speedup_rounds
     from sparsefx.report import make_console
 
     torch.set_num_threads(args.threads)
     console = make_console()
     spec, sm, fast = _frozen(args)
     with torch.inference_mode():
-        whole = _ratios(
-            {
-                "dense": lambda: spec.model(*spec.args, **spec.kwargs),
-                "frozen": lambda: fast(*spec.args, **spec.kwargs),
-            },
+        whole = speedup_rounds(
+            lambda: spec.model(*spec.args, **spec.kwargs),
+            lambda: fast(*spec.args, **spec.kwargs),
             args.rounds,
         )
         layers = _layer_rows(fast, spec, args.rounds)

@@ -40,6 +40,9 @@ __all__ = ["KERNELS", "NUMBA", "available_kernels", "Kernel"]
 NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
 """Whether the numba kernels run: numba installed (the ``fast`` extra) and ``SPARSEFX_NUMBA`` not 0."""
 
+NUMBA_KERNELS = ["spmv", "rows"]
+"""The kernels that need numba."""
+
 Kernel = Callable[..., torch.Tensor]
 
 _compiled: dict[str, Callable] = {}
@@ -153,7 +156,3 @@ def available_kernels(backend: str = "auto") -> list[str]:
     if backend == "torch":
         return ["torch", "dense"]
     return (NUMBA_KERNELS if NUMBA else []) + ["torch", "dense"]
-
-
-NUMBA_KERNELS = ["spmv", "rows"]
-"""The kernels that need numba."""

@@ -103,6 +103,6 @@ class SparseLinear(nn.Module):
 
     def extra_repr(self) -> str:
         p = self.packed
-        kernels = ", ".join(f"{b}: {k}" for b, k in zip(BUCKETS, self.choice))
+        by_bucket = ", ".join(f"{b}: {k}" for b, k in zip(BUCKETS, self.choice))
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
-        return f"{sizes}, density={p.density:.3f}, {kernels}"
+        return f"{sizes}, density={p.density:.3f}, {by_bucket}"
