@@ -73,7 +73,7 @@ def layer_rows(sparsity: float, rounds: int) -> list[dict[str, Any]]:
         layers = {}
         for name, m in (("frozen", mask), ("s=0", torch.ones_like(mask))):
             p = pack(lin.weight, m)
-            layers[name] = SparseLinear(p, lin.bias, choose(p, available_kernels()))
+            layers[name] = SparseLinear(p, lin.bias, choose(p, available_kernels(), lin.bias))
         for tokens in TOKENS:
             x = torch.randn(tokens, fin)
             with torch.inference_mode():

@@ -28,7 +28,7 @@ def sparse_kernels(monkeypatch) -> tuple[str, ...]:
     import importlib
 
     choice = ("spmv", "torch", "rows", "rows", "rows") if NUMBA else ("torch",) * len(BUCKETS)
-    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda p, c: choice)
+    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a: choice)
     return choice
 
 
@@ -67,6 +67,44 @@ def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int) -
             got = KERNELS[kernel](p, x, bias)
             assert got.shape == (tokens, 40), what
             assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (kernel, what, bias is None)
+
+
+@pytest.mark.parametrize("in_f", [40_000, 70_000])
+def test_wide_layers_index_their_columns_unsigned(in_f: int) -> None:
+    """Up to 65,536 input features the column indices take 16 bits, read unsigned (past 32,767 a signed
+    read would go negative); past that they take 32."""
+    torch.manual_seed(0)
+    w = torch.randn(3, in_f)
+    mask = torch.rand(3, in_f) < 0.01
+    mask[:, [0, 32_767, 32_768, in_f - 1]] = True
+    p = pack(w, mask)
+    assert p.indices.dtype == (torch.int16 if in_f <= 65_536 else torch.int32)
+    x = torch.randn(2, in_f)
+    expected = torch.nn.functional.linear(x, torch.where(mask, w, 0.0))
+    for kernel in KERNEL_NAMES:
+        assert torch.allclose(KERNELS[kernel](p, x), expected, rtol=1e-4, atol=1e-4), kernel
+
+
+def test_a_bad_packed_state_is_refused_when_loaded() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40)
+    layer = SparseLinear(pack(lin.weight, torch.rand(40, 24) < 0.3), lin.bias, ("dense",) * len(BUCKETS))
+    good = {k: v.clone() for k, v in layer.state_dict().items()}
+    bad_index, bad_rows, bad_choice = dict(good), dict(good), dict(good)
+    bad_index["weight_indices"] = good["weight_indices"].clone().fill_(24)
+    bad_rows["weight_indptr"] = good["weight_indptr"].flip(0)
+    bad_choice["kernel_choice"] = torch.full((len(BUCKETS),), 9, dtype=torch.int8)
+    for state, message in (
+        (bad_index, "column indices reach 24; valid ones are 0 to 23"),
+        (bad_rows, "row pointers run from"),
+        (bad_choice, "kernel_choice is"),
+    ):
+        with pytest.raises(FreezeError, match=message):
+            SparseLinear(layer.packed, lin.bias, layer.choice).load_state_dict(state)
+    fresh = SparseLinear(layer.packed, lin.bias, layer.choice)
+    fresh.load_state_dict(good)
+    x = torch.randn(5, 24)
+    assert torch.equal(fresh(x), layer(x))
 
 
 def test_a_frozen_layer_takes_non_contiguous_broadcast_and_empty_inputs() -> None:
@@ -264,7 +302,7 @@ def test_a_layer_no_sparse_kernel_beats_stays_the_original_module(monkeypatch) -
     import importlib
 
     monkeypatch.setattr(
-        importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda p, c: ("dense",) * 5
+        importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a: ("dense",) * 5
     )
     sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(16, 16)), 0.5).eval()
     fast = sparsefx.freeze(sm)

@@ -15,13 +15,14 @@ budget holds. Layers of one shape and density share one measurement (``freeze.py
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
-from .kernels import KERNELS
+from .kernels import Kernel, bind
 from .packed import PackedWeight
 
 __all__ = ["BUCKETS", "BUDGET", "ROUNDS", "choose", "kernel_for"]
@@ -69,21 +70,23 @@ def _rows(p: PackedWeight, n: int) -> PackedWeight:
 
 
 def _medians(
-    q: PackedWeight, x: torch.Tensor, names: Sequence[str], calls: dict[str, int], rounds: int
+    run: dict[str, Kernel], x: torch.Tensor, names: Sequence[str], calls: dict[str, int], rounds: int
 ) -> dict[str, float]:
     """Each kernel's median seconds a call over ``rounds`` interleaved rounds, the order rotated each."""
     names = list(names)
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            times[k].append(_time(lambda k=k: KERNELS[k](q, x), calls[k]))
+            times[k].append(_time(lambda k=k: run[k](x), calls[k]))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def choose(p: PackedWeight, candidates: Sequence[str], *, rounds: int = ROUNDS) -> tuple[str, ...]:
-    """The fastest of ``candidates`` for ``p`` at each bucket (``spmv`` only at one token). The sparse
-    kernels take float32; a weight of another dtype stays dense (torch's CSR product has no bfloat16
-    kernel on the CPU)."""
+def choose(
+    p: PackedWeight, candidates: Sequence[str], bias: torch.Tensor | None = None, *, rounds: int = ROUNDS
+) -> tuple[str, ...]:
+    """The fastest of ``candidates`` for ``p`` (and ``bias``, as the layer adds it) at each bucket
+    (``spmv`` only up to 8 tokens). The sparse kernels take float32; a weight of another dtype stays
+    dense (torch's CSR product has no bfloat16 kernel on the CPU)."""
     if p.values.dtype != torch.float32:
         return ("dense",) * len(BUCKETS)
     gen = torch.Generator().manual_seed(0)
@@ -91,15 +94,17 @@ def choose(p: PackedWeight, candidates: Sequence[str], *, rounds: int = ROUNDS) 
     for tokens in BUCKETS:
         q = _rows(p, max(1, BUDGET // (tokens * p.in_features)))
         x = torch.randn(tokens, p.in_features, generator=gen, dtype=p.values.dtype)
-        names = [k for k in candidates if k != "spmv" or tokens == 1]
+        names = [k for k in candidates if k != "spmv" or tokens <= 8]
+        b = None if bias is None else bias.detach()[: q.out_features]
+        run = {k: bind(k, q, b) for k in names}
         calls = {}
         for k in names:  # warm-up (numba compiles, MKL sets up), then enough calls for SAMPLE seconds
-            KERNELS[k](q, x)
-            once = _time(lambda k=k, x=x, q=q: KERNELS[k](q, x), 1)
+            run[k](x)
+            once = _time(functools.partial(run[k], x), 1)
             calls[k] = max(1, min(1000, round(SAMPLE / max(once, 1e-7))))
-        first = _medians(q, x, names, calls, rounds)
+        first = _medians(run, x, names, calls, rounds)
         finalists = list(dict.fromkeys([*sorted(names, key=first.__getitem__)[:2], "dense"]))
-        again = _medians(q, x, finalists, calls, rounds)  # the two fastest and dense, timed again
+        again = _medians(run, x, finalists, calls, rounds)  # the two fastest and dense, timed again
         median = {k: (first[k] + again[k]) / 2 for k in finalists}
         best = min(finalists, key=median.__getitem__)
         choice.append(best if median[best] < MARGIN * median["dense"] else "dense")

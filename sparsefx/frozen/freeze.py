@@ -195,7 +195,7 @@ def freeze(
         p = pack(weight.T if transposed else weight, mask.T if transposed else mask)
         group = (p.out_features, p.in_features, round(p.density, 2), p.values.dtype)
         if group not in chosen:
-            chosen[group] = choose(p, candidates)
+            chosen[group] = choose(p, candidates, linears[0][1].bias)
         picked = chosen[group]
         if set(picked) == {"dense"}:  # no sparse kernel is faster at any size: the layers stay
             why = "bfloat16: the sparse kernels take float32" if p.values.dtype != torch.float32 else ""

@@ -1,9 +1,11 @@
 """Sparse-times-dense kernels for a frozen linear layer: ``y[T, out] = x[T, in] @ W.T`` with ``W`` in CSR.
 
-Each kernel takes the packed weight (``PackedWeight``), a 2-D, contiguous float32 ``x`` and the bias
-(or None) and returns ``[T, out]``. Which one is fastest depends on the tokens ``T`` (``choose.py`` measures):
+``bind(name, packed, bias)`` gives the kernel as a function of a 2-D, contiguous float32 ``x``
+returning ``[T, out]``, its arrays looked up once (a one-token call costs microseconds, so the
+lookups would show). ``KERNELS[name](packed, x, bias)`` binds and calls at once. Which kernel is
+fastest depends on the tokens ``T`` (``choose.py`` measures):
 
-* ``spmv`` (numba): one token, a gather dot product per output row.
+* ``spmv`` (numba): few tokens, a gather dot product per output row and token.
 * ``rows`` (numba): many tokens. ``x`` is transposed once so that each input feature's tokens are
   contiguous; each output row adds ``w * x[:, j]`` for its nonzeros, four at a time, the inner loop
   over tokens (one load and store of the row for four products: with one at a time the stores
@@ -11,7 +13,8 @@ Each kernel takes the packed weight (``PackedWeight``), a 2-D, contiguous float3
 * ``torch`` (``torch.sparse.mm`` on the CSR tensor): torch's own kernel (MKL on x86), good at 8-32.
 * ``dense``: ``F.linear`` on the masked dense weight, where no sparse kernel is faster.
 
-The numba kernels take uint32 indices: with signed 32-bit ones the gather runs several times slower.
+The numba kernels read the indices unsigned (uint16 or uint32, as packed): with signed ones the
+gather runs several times slower.
 numba is the ``fast`` extra; without it only ``torch`` and ``dense`` are available (``NUMBA``)::
 
     >>> import torch
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 
 from .packed import PackedWeight
 
-__all__ = ["KERNELS", "NUMBA", "available_kernels", "Kernel"]
+__all__ = ["KERNELS", "NUMBA", "available_kernels", "bind", "Kernel"]
 
 NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
 """Whether the numba kernels run: numba installed (the ``fast`` extra) and ``SPARSEFX_NUMBA`` not 0."""
@@ -43,7 +46,8 @@ NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSE
 NUMBA_KERNELS = ["spmv", "rows"]
 """The kernels that need numba."""
 
-Kernel = Callable[..., torch.Tensor]
+Kernel = Callable[[torch.Tensor], torch.Tensor]
+"""A kernel bound to its weight and bias: ``x[T, in]`` (2-D, contiguous) to ``y[T, out]``."""
 
 _compiled: dict[str, Callable] = {}
 
@@ -56,19 +60,21 @@ def _numba(name: str) -> Callable:
         opts = {"fastmath": True, "cache": True, "boundscheck": False, "nogil": True}
 
         def spmv(indptr, indices, values, bias, x, out):  # pragma: no cover - compiled
-            for o in range(indptr.shape[0] - 1):
-                p, hi = indptr[o], indptr[o + 1]
-                s0 = s1 = s2 = s3 = np.float32(0.0)  # four sums: the adds do not wait on each other
-                while p + 4 <= hi:
-                    s0 += values[p] * x[indices[p]]
-                    s1 += values[p + 1] * x[indices[p + 1]]
-                    s2 += values[p + 2] * x[indices[p + 2]]
-                    s3 += values[p + 3] * x[indices[p + 3]]
-                    p += 4
-                while p < hi:
-                    s0 += values[p] * x[indices[p]]
-                    p += 1
-                out[o] = (s0 + s1) + (s2 + s3) + (bias[o] if bias.shape[0] else np.float32(0.0))
+            for t in range(x.shape[0]):
+                xt, yt = x[t], out[t]
+                for o in range(indptr.shape[0] - 1):
+                    p, hi = indptr[o], indptr[o + 1]
+                    s0 = s1 = s2 = s3 = np.float32(0.0)  # four sums: the adds do not wait on each other
+                    while p + 4 <= hi:
+                        s0 += values[p] * xt[indices[p]]
+                        s1 += values[p + 1] * xt[indices[p + 1]]
+                        s2 += values[p + 2] * xt[indices[p + 2]]
+                        s3 += values[p + 3] * xt[indices[p + 3]]
+                        p += 4
+                    while p < hi:
+                        s0 += values[p] * xt[indices[p]]
+                        p += 1
+                    yt[o] = (s0 + s1) + (s2 + s3) + (bias[o] if bias.shape[0] else np.float32(0.0))
 
         def rows(indptr, indices, values, bias, xt, out_t):  # pragma: no cover - compiled
             tokens = xt.shape[1]
@@ -100,11 +106,12 @@ def _numba(name: str) -> Callable:
 
 
 def _arrays(p: PackedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The CSR arrays as numba reads them: uint32 row pointers and column indices (same bits)."""
+    """The CSR arrays as numba reads them: row pointers and column indices unsigned (same bits)."""
     if "numpy" not in p._cache:
+        unsigned = np.uint16 if p.indices.dtype == torch.int16 else np.uint32
         p._cache["numpy"] = (
             p.indptr.numpy().view(np.uint32),
-            p.indices.numpy().view(np.uint32),
+            p.indices.numpy().view(unsigned),
             p.values.numpy(),
         )
     return p._cache["numpy"]
@@ -114,41 +121,73 @@ _NO_BIAS = np.zeros(0, dtype=np.float32)
 
 
 def _bias(b: torch.Tensor | None) -> np.ndarray:
-    return _NO_BIAS if b is None else b.numpy()
+    return _NO_BIAS if b is None else b.detach().numpy()
 
 
-def _spmv(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    out = np.empty((x.shape[0], p.out_features), dtype=np.float32)
+def _bind_spmv(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     indptr, indices, values = _arrays(p)
-    xs, b, spmv = x.numpy(), _bias(bias), _numba("spmv")
-    for t in range(x.shape[0]):
-        spmv(indptr, indices, values, b, xs[t], out[t])
-    return torch.from_numpy(out)
+    b, spmv, out_features = _bias(bias), _numba("spmv"), p.out_features
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = np.empty((x.shape[0], out_features), dtype=np.float32)
+        spmv(indptr, indices, values, b, x.numpy(), out)
+        return torch.from_numpy(out)
+
+    return run
 
 
-def _rows(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    xt = np.ascontiguousarray(x.numpy().T)
-    out_t = np.empty((p.out_features, x.shape[0]), dtype=np.float32)
-    threads = torch.get_num_threads()
-    if threads > 1:  # as many as torch uses, so both sides of a comparison have the same
-        import numba
+def _bind_rows(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
+    arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    _numba("rows_parallel" if threads > 1 else "rows")(*_arrays(p), _bias(bias), xt, out_t)
-    return torch.from_numpy(out_t).T
+    def run(x: torch.Tensor) -> torch.Tensor:
+        xt = np.ascontiguousarray(x.numpy().T)
+        out_t = np.empty((out_features, x.shape[0]), dtype=np.float32)
+        threads = torch.get_num_threads()
+        if threads > 1:  # as many as torch uses, so both sides of a comparison have the same
+            import numba
 
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        _numba("rows_parallel" if threads > 1 else "rows")(*arrays, b, xt, out_t)
+        return torch.from_numpy(out_t).T
 
-def _torch(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    y = torch.sparse.mm(p.csr(), x.T).T
-    return y if bias is None else y + bias
-
-
-def _dense(p: PackedWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, p.dense(), bias)
+    return run
 
 
-KERNELS: dict[str, Kernel] = {"spmv": _spmv, "rows": _rows, "torch": _torch, "dense": _dense}
-"""Kernel name -> ``kernel(packed, x2d, bias=None)``."""
+def _bind_torch(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
+    csr = p.csr()
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        y = torch.sparse.mm(csr, x.T).T
+        return y if bias is None else y + bias
+
+    return run
+
+
+def _bind_dense(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
+    weight = p.dense()
+    return lambda x: F.linear(x, weight, bias)
+
+
+BINDERS: dict[str, Callable[[PackedWeight, torch.Tensor | None], Kernel]] = {
+    "spmv": _bind_spmv,
+    "rows": _bind_rows,
+    "torch": _bind_torch,
+    "dense": _bind_dense,
+}
+"""Kernel name -> ``binder(packed, bias)`` giving the bound kernel."""
+
+
+def bind(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> Kernel:
+    """Kernel ``name`` for weight ``p`` and ``bias``: a function of ``x[T, in]``."""
+    return BINDERS[name](p, bias)
+
+
+def _call(name: str) -> Callable[..., torch.Tensor]:
+    return lambda p, x, bias=None: BINDERS[name](p, bias)(x)
+
+
+KERNELS: dict[str, Callable[..., torch.Tensor]] = {name: _call(name) for name in BINDERS}
+"""Kernel name -> ``kernel(packed, x2d, bias=None)`` (binds, then calls)."""
 
 
 def available_kernels(backend: str = "auto") -> list[str]:

@@ -19,7 +19,7 @@ It replaces an ``nn.Linear`` (weight ``[out, in]``) or a Hugging Face ``Conv1D``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -28,7 +28,7 @@ from sparsefx.errors import FreezeError
 
 from . import kernels
 from .choose import BUCKETS, kernel_for
-from .kernels import KERNELS, NUMBA_KERNELS
+from .kernels import KERNELS, NUMBA_KERNELS, Kernel
 from .packed import PackedWeight
 
 __all__ = ["SparseLinear", "KERNEL_NAMES"]
@@ -51,6 +51,7 @@ class SparseLinear(nn.Module):
         self.register_buffer("kernel_choice", torch.tensor(codes, dtype=torch.int8))
         self._packed = packed
         self._choice = tuple(choice)
+        self._plan: _Plan | None = None
 
     @property
     def packed(self) -> PackedWeight:
@@ -63,10 +64,22 @@ class SparseLinear(nn.Module):
     def _repack(self) -> PackedWeight:
         return PackedWeight(self.weight_values, self.weight_indices, self.weight_indptr, self.in_features)
 
-    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._packed = self._repack()  # loaded in place: what the kernels had made of it is stale
-        self._choice = tuple(KERNEL_NAMES[int(c)] for c in self.kernel_choice)
+        self._packed.check(f"{prefix or 'the layer'}'s packed weight")
+        codes = [int(c) for c in self.kernel_choice]
+        if len(codes) != len(BUCKETS) or not all(0 <= c < len(KERNEL_NAMES) for c in codes):
+            raise FreezeError(
+                f"{prefix}kernel_choice is {codes}: one of 0..{len(KERNEL_NAMES) - 1} for each of "
+                f"{len(BUCKETS)} token buckets"
+            )
+        self._choice = tuple(KERNEL_NAMES[c] for c in codes)
+        self._plan = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> SparseLinear:
+        self._plan = None  # .to() and friends may replace the buffers the plan bound
+        return super()._apply(fn, recurse)
 
     @property
     def choice(self) -> tuple[str, ...]:
@@ -75,18 +88,31 @@ class SparseLinear(nn.Module):
 
     def kernel(self, tokens: int) -> str:
         """The kernel a call of ``tokens`` rows runs (``spmv`` and ``rows`` need numba: else ``torch``)."""
-        name = kernel_for(self._choice, tokens)
+        name = kernel_for(self._choice, tokens) if self.weight_values.dtype == torch.float32 else "dense"
         return "torch" if name in NUMBA_KERNELS and not kernels.NUMBA else name
 
+    def _bound(self) -> _Plan:
+        """The kernels bound to the weight, one a bucket (what ``forward`` runs, looked up once)."""
+        plan = self._plan
+        if plan is None or plan.values is not self._buffers["weight_values"]:
+            p, bias = self.packed, self.bias
+            by_name = {name: kernels.bind(name, p, bias) for name in {self.kernel(b) for b in BUCKETS}}
+            runs = tuple(by_name[self.kernel(b)] for b in BUCKETS)
+            plan = self._plan = _Plan(p.values, p.values.dtype, runs)
+        return plan
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features or x.device.type != "cpu" or x.dtype != self.weight_values.dtype:
+        plan, fin = self._bound(), self.in_features
+        if x.shape[-1] != fin or x.dtype != plan.dtype or x.device.type != "cpu":
             self._refuse(x)
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).contiguous()
-        if not x2.shape[0]:
-            return x2.new_zeros((*lead, self.out_features))
-        name = self.kernel(x2.shape[0]) if x2.dtype == torch.float32 else "dense"
-        return KERNELS[name](self.packed, x2, self.bias).reshape(*lead, self.out_features)
+        tokens = x.numel() // fin
+        if not tokens:
+            return x.new_zeros((*x.shape[:-1], self.out_features))
+        at = 0
+        while at + 1 < len(BUCKETS) and tokens >= BUCKETS[at + 1]:
+            at += 1
+        y = plan.runs[at](x.reshape(tokens, fin).contiguous())
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def _refuse(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.in_features:
@@ -106,3 +132,9 @@ class SparseLinear(nn.Module):
         by_bucket = ", ".join(f"{b}: {k}" for b, k in zip(BUCKETS, self.choice))
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, density={p.density:.3f}, {by_bucket}"
+
+
+class _Plan(NamedTuple):
+    values: torch.Tensor  # the buffer it was bound to: another one means bind again
+    dtype: torch.dtype
+    runs: tuple[Kernel, ...]  # one a bucket of BUCKETS
