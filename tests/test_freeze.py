@@ -163,9 +163,12 @@ def hf_gpt2(sparse_kernels) -> tuple:
 
 
 def test_a_frozen_hf_gpt2_keeps_its_output_type_and_packs_its_conv1d_layers(hf_gpt2) -> None:
-    _, sm, fast = hf_gpt2
+    model, sm, fast = hf_gpt2
     packed = [r.weight for r in fast.freeze_report if r.kernels]
     assert "transformer.h.0.attn.c_attn.weight" in packed and "transformer.h.1.mlp.c_proj.weight" in packed
+    layer = fast.module.transformer.h[0].attn.c_attn
+    assert isinstance(layer, SparseLinear)  # its .weight reads as the Conv1D's did: [in, out], masked
+    assert torch.equal(layer.weight, model.transformer.h[0].attn.c_attn.weight.detach())
     ids = torch.randint(0, HF_VOCAB, (3, 9))  # another batch and length
     with torch.no_grad():
         expected, got = sm(ids), fast(ids)

@@ -5,12 +5,15 @@ inputs in interleaved rounds, each sample ``SAMPLE`` seconds of calls. The two f
 with dense and the two sets averaged (a burst of load on a shared machine can flip one set). ``dense``
 is always a candidate and a sparse kernel wins only by ``MARGIN``, so a layer whose sparse kernels are
 not clearly faster at some size stays dense there. A call takes the choice of the largest bucket at or
-below its tokens (``kernel_for``). Where a layer's dense work at a bucket is past ``BUDGET``
-multiply-accumulates (an LM head at 512 tokens), its first output rows are timed, as many as the
-budget holds. Layers of one shape and density share one measurement (``freeze.py``)::
+below its tokens, or dense where the next bucket up chose dense (``kernel_for``). Where a layer's
+dense work at a bucket is past ``BUDGET`` multiply-accumulates (an LM head at 512 tokens), its first
+output rows are timed, as many as the budget holds. Layers of one shape and density share one
+measurement (``freeze.py``)::
 
     >>> kernel_for(("spmv", "torch", "torch", "rows", "rows"), 1), kernel_for(("spmv", "torch"), 20)
     ('spmv', 'torch')
+    >>> kernel_for(("rows", "dense", "rows"), 1), kernel_for(("rows", "dense", "rows"), 32)
+    ('dense', 'rows')
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .kernels import Kernel, bind
+from .kernels import bind
 from .packed import PackedWeight
 
-__all__ = ["BUCKETS", "BUDGET", "ROUNDS", "choose", "kernel_for"]
+__all__ = ["BUCKETS", "BUDGET", "ROUNDS", "choose", "fastest", "kernel_for"]
 
 BUCKETS = (1, 8, 32, 128, 512)
 """Token counts the choice is measured at."""
@@ -44,12 +47,16 @@ MARGIN = 0.95
 of dense, a layer stays dense."""
 
 
-def kernel_for(choice: Sequence[str], tokens: int) -> str:
-    """The kernel ``choice`` (one name per bucket of ``BUCKETS``) names for a call of ``tokens``."""
+def kernel_for(choice: Sequence[str], tokens: int, buckets: Sequence[int] = BUCKETS) -> str:
+    """The kernel ``choice`` (one name per bucket of ``buckets``) runs at ``tokens``: that of the
+    largest bucket at or below them (the first below them all), but dense where the next bucket up
+    measured dense: between two measured sizes a sparse kernel runs only where it won at both."""
     at = 0
-    for i, b in enumerate(BUCKETS[: len(choice)]):
+    for i, b in enumerate(buckets[: len(choice)]):
         if tokens >= b:
             at = i
+    if at + 1 < len(choice) and choice[at + 1] == "dense":
+        return "dense"
     return choice[at]
 
 
@@ -70,15 +77,30 @@ def _rows(p: PackedWeight, n: int) -> PackedWeight:
 
 
 def _medians(
-    run: dict[str, Kernel], x: torch.Tensor, names: Sequence[str], calls: dict[str, int], rounds: int
+    run: dict[str, Callable[[], object]], names: Sequence[str], calls: dict[str, int], rounds: int
 ) -> dict[str, float]:
-    """Each kernel's median seconds a call over ``rounds`` interleaved rounds, the order rotated each."""
+    """Each call's median seconds over ``rounds`` interleaved rounds, the order rotated each."""
     names = list(names)
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            times[k].append(_time(lambda k=k: run[k](x), calls[k]))
+            times[k].append(_time(run[k], calls[k]))
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def fastest(run: dict[str, Callable[[], object]], *, rounds: int = ROUNDS) -> str:
+    """The name of the fastest call of ``run`` (one of them is ``"dense"``), measured as the module
+    docstring says: dense unless another is below ``MARGIN`` of it."""
+    calls = {}
+    for k, fn in run.items():  # warm-up (numba compiles, MKL sets up), then enough calls for SAMPLE seconds
+        fn()
+        calls[k] = max(1, min(1000, round(SAMPLE / max(_time(fn, 1), 1e-7))))
+    first = _medians(run, list(run), calls, rounds)
+    finalists = list(dict.fromkeys([*sorted(run, key=first.__getitem__)[:2], "dense"]))
+    again = _medians(run, finalists, calls, rounds)  # the two fastest and dense, timed again
+    median = {k: (first[k] + again[k]) / 2 for k in finalists}
+    best = min(finalists, key=median.__getitem__)
+    return best if median[best] < MARGIN * median["dense"] else "dense"
 
 
 def choose(
@@ -94,18 +116,7 @@ def choose(
     for tokens in BUCKETS:
         q = _rows(p, max(1, BUDGET // (tokens * p.in_features)))
         x = torch.randn(tokens, p.in_features, generator=gen, dtype=p.values.dtype)
-        names = [k for k in candidates if k != "spmv" or tokens <= 8]
         b = None if bias is None else bias.detach()[: q.out_features]
-        run = {k: bind(k, q, b) for k in names}
-        calls = {}
-        for k in names:  # warm-up (numba compiles, MKL sets up), then enough calls for SAMPLE seconds
-            run[k](x)
-            once = _time(functools.partial(run[k], x), 1)
-            calls[k] = max(1, min(1000, round(SAMPLE / max(once, 1e-7))))
-        first = _medians(run, x, names, calls, rounds)
-        finalists = list(dict.fromkeys([*sorted(names, key=first.__getitem__)[:2], "dense"]))
-        again = _medians(run, x, finalists, calls, rounds)  # the two fastest and dense, timed again
-        median = {k: (first[k] + again[k]) / 2 for k in finalists}
-        best = min(finalists, key=median.__getitem__)
-        choice.append(best if median[best] < MARGIN * median["dense"] else "dense")
+        names = [k for k in candidates if k != "spmv" or tokens <= 8]
+        choice.append(fastest({k: functools.partial(bind(k, q, b), x) for k in names}, rounds=rounds))
     return tuple(choice)

@@ -2,13 +2,14 @@
 
 ``freeze(sm)`` copies the module tree ``sm`` runs (its weights as they are now, pruned entries
 zero), and replaces each linear layer whose weight is sparse (``nn.Linear``, Hugging Face's
-``Conv1D``) with a ``SparseLinear``: the weight packed once (``packed.py``), and for each token
-bucket the kernel that measured fastest here (``choose.py``), dense where no sparse kernel is faster.
-The model runs its own eager forward, so it takes any batch and length, keeps its control flow and
-returns its own output types; a Hugging Face causal LM still ``generate``s with its cache. Other
-sparse weights (a convolution, a weight read by a matmul), and a layer no sparse kernel runs faster at
-any size, keep their masked dense values (and the original module) and are named in
-``freeze_report``::
+``Conv1D``) with a ``SparseLinear``, and each such ``Conv1d`` and ``Conv2d`` (one group) with a
+``SparseConv``: the weight packed once (``packed.py``), and for each bucket of tokens (output
+positions, for a convolution) the kernel that measured fastest here (``choose.py``), dense where no
+sparse kernel is faster. The model runs its own eager forward, so it takes any batch and length,
+keeps its control flow and returns its own output types; a Hugging Face causal LM still
+``generate``s with its cache. Other sparse weights (a grouped or 3-d convolution, a weight read by a
+matmul), and a layer no sparse kernel runs faster at any size, keep their masked dense values (and
+the original module) and are named in ``freeze_report``::
 
     >>> import torch, sparsefx
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -41,7 +42,8 @@ from sparsefx.errors import FreezeError
 
 from . import kernels
 from .choose import choose
-from .packed import pack
+from .packed import PackedWeight, pack
+from .sparse_conv import CONV_BUCKETS, SparseConv, choose_conv, conv_refusal
 from .sparse_linear import SparseLinear
 
 __all__ = ["freeze", "FrozenModel", "LayerReport", "BACKENDS"]
@@ -155,6 +157,72 @@ def _replace(tree: nn.Module, path: str, layer: nn.Module) -> None:
     (tree.get_submodule(parent) if parent else tree)._modules[child] = layer
 
 
+class _Packer:
+    """Packs one sparse weight of ``tree`` at a time into the layers that read it (``freeze``)."""
+
+    def __init__(self, tree: nn.Module, candidates: list[str]) -> None:
+        self.tree, self.candidates = tree, candidates
+        self.chosen: dict[tuple, tuple[str, ...]] = {}  # one measurement per shape, geometry and density
+
+    def pack(self, name: str, mask: torch.Tensor) -> LayerReport:
+        """Mask weight ``name`` in place and swap the layers reading it for packed ones."""
+        owner_name, _, param = name.rpartition(".")
+        owner = self.tree.get_submodule(owner_name)
+        weight = getattr(owner, param)
+        weight.data.masked_fill_(~mask.to(weight.device), 0.0)  # every reader sees the masked weight
+        dense_bytes = weight.numel() * weight.element_size()
+        row = functools.partial(LayerReport, name, tuple(weight.shape), dense_bytes=dense_bytes)
+        # the layers reading this tensor, whichever module the mask is named after (a tied LM head's
+        # mask may carry the embedding's name): they share one packing
+        readers = _owners(self.tree, weight)
+        linears = [(path, m, _linear_of(m)) for path, m in readers if _linear_of(m) is not None]
+        convs = [(path, m) for path, m in readers if conv_refusal(m) is None]
+        if linears:
+            return self._linear(row, weight, mask, linears)
+        if convs:
+            return self._conv(row, weight, mask, convs)
+        why = next((w for w in map(conv_refusal, (m for _, m in readers)) if w), "")
+        why = why or f"a {type(owner).__name__}'s {param}: sparse kernels run linear layers and convolutions"
+        return row(float(mask.float().mean()), (), why, frozen_bytes=dense_bytes)
+
+    def _linear(self, row: Callable, weight: torch.Tensor, mask: torch.Tensor, linears: list) -> LayerReport:
+        transposed = linears[0][2]
+        p = pack(weight.T if transposed else weight, mask.T if transposed else mask)
+        key = ("linear", p.out_features, p.in_features, round(p.density, 2), p.values.dtype)
+        if key not in self.chosen:
+            self.chosen[key] = choose(p, self.candidates, linears[0][1].bias)
+        picked = self.chosen[key]
+        if set(picked) == {"dense"}:
+            return self._dense(row, p)
+        for path, module, flipped in linears:
+            if flipped == transposed:
+                _replace(self.tree, path, SparseLinear(p, module.bias, picked, transposed))
+        return row(p.density, picked, "", frozen_bytes=p.nbytes + len(picked))
+
+    def _conv(self, row: Callable, weight: torch.Tensor, mask: torch.Tensor, convs: list) -> LayerReport:
+        out_channels = weight.shape[0]
+        p = pack(weight.reshape(out_channels, -1), mask.reshape(out_channels, -1))
+        first = convs[0][1]
+        geometry = (first.kernel_size, first.stride, first.dilation, first._reversed_padding_repeated_twice)
+        key = ("conv", tuple(weight.shape), geometry, first.padding_mode, round(p.density, 2), p.values.dtype)
+        if key not in self.chosen:
+            probe = SparseConv(first, p, ("dense",) * len(CONV_BUCKETS))
+            self.chosen[key] = choose_conv(probe, self.candidates)
+        picked = self.chosen[key]
+        if set(picked) == {"dense"}:
+            return self._dense(row, p)
+        for path, module in convs:
+            _replace(self.tree, path, SparseConv(module, p, picked))
+        return row(p.density, picked, "", frozen_bytes=p.nbytes + len(picked))
+
+    @staticmethod
+    def _dense(row: Callable, p: PackedWeight) -> LayerReport:
+        """A weight no sparse kernel runs faster at any size: its layers stay as they are."""
+        why = "bfloat16: the sparse kernels take float32" if p.values.dtype != torch.float32 else ""
+        why = why or "dense measured fastest at every size"
+        return row(p.density, (), why, frozen_bytes=row.keywords["dense_bytes"])
+
+
 def freeze(
     sm: nn.Module,
     backend: str = "auto",
@@ -172,41 +240,12 @@ def freeze(
     t0 = time.perf_counter()
     masks = {name: m.detach().to("cpu") for name, m in sm.masks.items()}
     tree = _copy_tree(sm)
-    candidates = kernels.available_kernels(backend)
-    chosen: dict[tuple, tuple[str, ...]] = {}  # one measurement per shape and density
+    packer = _Packer(tree, kernels.available_kernels(backend))
     report: list[LayerReport] = []
     for i, (name, mask) in enumerate(masks.items()):
         if on_layer is not None:
             on_layer(name, i, len(masks))
-        owner_name, _, param = name.rpartition(".")
-        owner = tree.get_submodule(owner_name)
-        weight = getattr(owner, param)
-        weight.data.masked_fill_(~mask.to(weight.device), 0.0)  # every reader sees the masked weight
-        dense_bytes = weight.numel() * weight.element_size()
-        row = functools.partial(LayerReport, name, tuple(weight.shape), dense_bytes=dense_bytes)
-        # the linear layers reading this tensor, whichever module the mask is named after (a tied LM
-        # head's mask may carry the embedding's name): they share one packing
-        linears = [(path, m, _linear_of(m)) for path, m in _owners(tree, weight) if _linear_of(m) is not None]
-        if not linears:
-            why = f"a {type(owner).__name__}'s {param}: only linear layers have sparse kernels"
-            report.append(row(float(mask.float().mean()), (), why, frozen_bytes=dense_bytes))
-            continue
-        transposed = linears[0][2]
-        p = pack(weight.T if transposed else weight, mask.T if transposed else mask)
-        group = (p.out_features, p.in_features, round(p.density, 2), p.values.dtype)
-        if group not in chosen:
-            chosen[group] = choose(p, candidates, linears[0][1].bias)
-        picked = chosen[group]
-        if set(picked) == {"dense"}:  # no sparse kernel is faster at any size: the layers stay
-            why = "bfloat16: the sparse kernels take float32" if p.values.dtype != torch.float32 else ""
-            report.append(
-                row(p.density, (), why or "dense measured fastest at every size", frozen_bytes=dense_bytes)
-            )
-            continue
-        for path, module, flipped in linears:
-            if flipped == transposed:
-                _replace(tree, path, SparseLinear(p, module.bias, picked))
-        report.append(row(p.density, picked, "", frozen_bytes=p.nbytes + len(picked)))
+        report.append(packer.pack(name, mask))
     if not kernels.NUMBA and backend == "auto":
         report_missing_numba()
     return FrozenModel(tree.eval(), report, time.perf_counter() - t0)

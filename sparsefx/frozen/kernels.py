@@ -9,7 +9,8 @@ fastest depends on the tokens ``T`` (``choose.py`` measures):
 * ``rows`` (numba): many tokens. ``x`` is transposed once so that each input feature's tokens are
   contiguous; each output row adds ``w * x[:, j]`` for its nonzeros, four at a time, the inner loop
   over tokens (one load and store of the row for four products: with one at a time the stores
-  bound it). On more than one thread (``torch.get_num_threads()``) the output rows are shared out.
+  bound it). Rows are written to the token-major output 16 at a time (``loops.BLOCK``). On more
+  than one thread (``torch.get_num_threads()``) the output rows are shared out.
 * ``torch`` (``torch.sparse.mm`` on the CSR tensor): torch's own kernel (MKL on x86), good at 8-32.
 * ``dense``: ``F.linear`` on the masked dense weight, where no sparse kernel is faster.
 
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 
 from .packed import PackedWeight
 
-__all__ = ["KERNELS", "NUMBA", "available_kernels", "bind", "Kernel"]
+__all__ = ["KERNELS", "NUMBA", "available_kernels", "bind", "bind_columns", "Kernel", "ColumnKernel"]
 
 NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
 """Whether the numba kernels run: numba installed (the ``fast`` extra) and ``SPARSEFX_NUMBA`` not 0."""
@@ -49,60 +50,12 @@ NUMBA_KERNELS = ["spmv", "rows"]
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 """A kernel bound to its weight and bias: ``x[T, in]`` (2-D, contiguous) to ``y[T, out]``."""
 
-_compiled: dict[str, Callable] = {}
-
 
 def _numba(name: str) -> Callable:
-    """The numba loop ``name``, compiled on first use (numba caches the machine code on disk)."""
-    if name not in _compiled:
-        from numba import njit, prange
+    """The numba loop ``name`` of ``loops.py`` (imported on first use: it needs numba)."""
+    from . import loops
 
-        opts = {"fastmath": True, "cache": True, "boundscheck": False, "nogil": True}
-
-        def spmv(indptr, indices, values, bias, x, out):  # pragma: no cover - compiled
-            for t in range(x.shape[0]):
-                xt, yt = x[t], out[t]
-                for o in range(indptr.shape[0] - 1):
-                    p, hi = indptr[o], indptr[o + 1]
-                    s0 = s1 = s2 = s3 = np.float32(0.0)  # four sums: the adds do not wait on each other
-                    while p + 4 <= hi:
-                        s0 += values[p] * xt[indices[p]]
-                        s1 += values[p + 1] * xt[indices[p + 1]]
-                        s2 += values[p + 2] * xt[indices[p + 2]]
-                        s3 += values[p + 3] * xt[indices[p + 3]]
-                        p += 4
-                    while p < hi:
-                        s0 += values[p] * xt[indices[p]]
-                        p += 1
-                    yt[o] = (s0 + s1) + (s2 + s3) + (bias[o] if bias.shape[0] else np.float32(0.0))
-
-        def rows(indptr, indices, values, bias, xt, out_t):  # pragma: no cover - compiled
-            tokens = xt.shape[1]
-            for o in prange(indptr.shape[0] - 1):
-                row = out_t[o]
-                b = bias[o] if bias.shape[0] else np.float32(0.0)
-                for t in range(tokens):
-                    row[t] = b
-                p, hi = indptr[o], indptr[o + 1]
-                while p + 4 <= hi:  # four nonzeros a pass: a row's load and store serve four products
-                    w0, w1, w2, w3 = values[p], values[p + 1], values[p + 2], values[p + 3]
-                    x0, x1 = xt[indices[p]], xt[indices[p + 1]]
-                    x2, x3 = xt[indices[p + 2]], xt[indices[p + 3]]
-                    for t in range(tokens):
-                        row[t] += (w0 * x0[t] + w1 * x1[t]) + (w2 * x2[t] + w3 * x3[t])
-                    p += 4
-                while p < hi:
-                    w, xr = values[p], xt[indices[p]]
-                    for t in range(tokens):
-                        row[t] += w * xr[t]
-                    p += 1
-
-        _compiled.update(
-            spmv=njit(**opts)(spmv),
-            rows=njit(**opts)(rows),
-            rows_parallel=njit(parallel=True, **opts)(rows),
-        )
-    return _compiled[name]
+    return getattr(loops, name)
 
 
 def _arrays(p: PackedWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -136,19 +89,26 @@ def _bind_spmv(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     return run
 
 
+def _parallel(name: str) -> Callable:
+    """Loop ``name``, or on more than one torch thread its parallel form over as many numba threads
+    (so both sides of a comparison have the same)."""
+    threads = torch.get_num_threads()
+    if threads > 1:
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        return _numba(f"{name}_parallel")
+    return _numba(name)
+
+
 def _bind_rows(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        xt = np.ascontiguousarray(x.numpy().T)
-        out_t = np.empty((out_features, x.shape[0]), dtype=np.float32)
-        threads = torch.get_num_threads()
-        if threads > 1:  # as many as torch uses, so both sides of a comparison have the same
-            import numba
-
-            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        _numba("rows_parallel" if threads > 1 else "rows")(*arrays, b, xt, out_t)
-        return torch.from_numpy(out_t).T
+        xt = x.t().contiguous()  # each input feature's tokens contiguous (torch's copy beats numpy's)
+        out = np.empty((x.shape[0], out_features), dtype=np.float32)
+        _parallel("rows_tokens")(*arrays, b, xt.numpy(), out)
+        return torch.from_numpy(out)
 
     return run
 
@@ -188,6 +148,38 @@ def _call(name: str) -> Callable[..., torch.Tensor]:
 
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {name: _call(name) for name in BINDERS}
 """Kernel name -> ``kernel(packed, x2d, bias=None)`` (binds, then calls)."""
+
+
+ColumnKernel = Callable[[torch.Tensor, torch.Tensor], None]
+"""A kernel on tokens as columns: writes ``W @ xt + b`` (``[out, T]``) into ``out_t`` from ``xt``
+(``[in, T]``), both contiguous. A convolution's unfolded patches come this way round."""
+
+
+def _columns_rows(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
+    arrays, b = _arrays(p), _bias(bias)
+    return lambda xt, out_t: _parallel("rows")(*arrays, b, xt.numpy(), out_t.numpy())
+
+
+def _columns_torch(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
+    csr, b = p.csr(), None if bias is None else bias.detach()[:, None]
+
+    def run(xt: torch.Tensor, out_t: torch.Tensor) -> None:
+        y = torch.sparse.mm(csr, xt)
+        out_t.copy_(y) if b is None else torch.add(y, b, out=out_t)
+
+    return run
+
+
+COLUMN_BINDERS: dict[str, Callable[[PackedWeight, torch.Tensor | None], ColumnKernel]] = {
+    "rows": _columns_rows,
+    "torch": _columns_torch,
+}
+"""The sparse kernels that take tokens as columns (``spmv`` gathers one token at a time: it has none)."""
+
+
+def bind_columns(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> ColumnKernel:
+    """Kernel ``name`` for ``p`` and ``bias`` on tokens as columns (``ColumnKernel``)."""
+    return COLUMN_BINDERS[name](p, bias)
 
 
 def available_kernels(backend: str = "auto") -> list[str]:

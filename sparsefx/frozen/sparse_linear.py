@@ -40,8 +40,14 @@ KERNEL_NAMES = tuple(KERNELS)
 class SparseLinear(nn.Module):
     """``x @ W.T + b`` with ``W`` packed (module docstring)."""
 
-    def __init__(self, packed: PackedWeight, bias: torch.Tensor | None, choice: Sequence[str]) -> None:
+    buckets: tuple[int, ...] = BUCKETS
+    """The token counts ``kernel_choice`` has one kernel for (a call takes the largest at or below it)."""
+
+    def __init__(
+        self, packed: PackedWeight, bias: torch.Tensor | None, choice: Sequence[str], transposed: bool = False
+    ) -> None:
         super().__init__()
+        self.transposed = transposed  # the layer it replaced stored [in, out] (Hugging Face's Conv1D)
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self.register_buffer("weight_values", packed.values)
         self.register_buffer("weight_indices", packed.indices)
@@ -61,6 +67,18 @@ class SparseLinear(nn.Module):
             p = self._packed = self._repack()
         return p
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The masked weight, dense, as the replaced layer held it (models read ``.weight.dtype``).
+        Rebuilt from the packed form at each read, unless the dense kernel keeps it; not trainable."""
+        p = self.packed
+        dense = p._cache.get("dense")
+        dense = p.csr().to_dense() if dense is None else dense
+        return self._layout(dense)
+
+    def _layout(self, dense: torch.Tensor) -> torch.Tensor:
+        return dense.T if self.transposed else dense
+
     def _repack(self) -> PackedWeight:
         return PackedWeight(self.weight_values, self.weight_indices, self.weight_indptr, self.in_features)
 
@@ -69,10 +87,10 @@ class SparseLinear(nn.Module):
         self._packed = self._repack()  # loaded in place: what the kernels had made of it is stale
         self._packed.check(f"{prefix or 'the layer'}'s packed weight")
         codes = [int(c) for c in self.kernel_choice]
-        if len(codes) != len(BUCKETS) or not all(0 <= c < len(KERNEL_NAMES) for c in codes):
+        if len(codes) != len(self.buckets) or not all(0 <= c < len(KERNEL_NAMES) for c in codes):
             raise FreezeError(
                 f"{prefix}kernel_choice is {codes}: one of 0..{len(KERNEL_NAMES) - 1} for each of "
-                f"{len(BUCKETS)} token buckets"
+                f"{len(self.buckets)} token buckets"
             )
         self._choice = tuple(KERNEL_NAMES[c] for c in codes)
         self._plan = None
@@ -83,12 +101,14 @@ class SparseLinear(nn.Module):
 
     @property
     def choice(self) -> tuple[str, ...]:
-        """The kernel name for each bucket of ``choose.BUCKETS``."""
+        """The kernel name for each bucket of ``buckets``."""
         return self._choice
 
     def kernel(self, tokens: int) -> str:
         """The kernel a call of ``tokens`` rows runs (``spmv`` and ``rows`` need numba: else ``torch``)."""
-        name = kernel_for(self._choice, tokens) if self.weight_values.dtype == torch.float32 else "dense"
+        if self.weight_values.dtype != torch.float32:
+            return "dense"
+        name = kernel_for(self._choice, tokens, self.buckets)
         return "torch" if name in NUMBA_KERNELS and not kernels.NUMBA else name
 
     def _bound(self) -> _Plan:
@@ -96,10 +116,20 @@ class SparseLinear(nn.Module):
         plan = self._plan
         if plan is None or plan.values is not self._buffers["weight_values"]:
             p, bias = self.packed, self.bias
-            by_name = {name: kernels.bind(name, p, bias) for name in {self.kernel(b) for b in BUCKETS}}
-            runs = tuple(by_name[self.kernel(b)] for b in BUCKETS)
-            plan = self._plan = _Plan(p.values, p.values.dtype, runs)
+            names = tuple(self.kernel(b) for b in self.buckets)
+            by_name = {name: self._bind(name, p, bias) for name in set(names)}
+            plan = self._plan = _Plan(p.values, p.values.dtype, names, tuple(by_name[k] for k in names))
         return plan
+
+    def _bind(self, name: str, p: PackedWeight, bias: torch.Tensor | None) -> Any:
+        return kernels.bind(name, p, bias)
+
+    def _bucket(self, tokens: int) -> int:
+        """The index in ``buckets`` of the largest at or below ``tokens`` (0 below them all)."""
+        at, buckets = 0, self.buckets
+        while at + 1 < len(buckets) and tokens >= buckets[at + 1]:
+            at += 1
+        return at
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plan, fin = self._bound(), self.in_features
@@ -108,11 +138,8 @@ class SparseLinear(nn.Module):
         tokens = x.numel() // fin
         if not tokens:
             return x.new_zeros((*x.shape[:-1], self.out_features))
-        at = 0
-        while at + 1 < len(BUCKETS) and tokens >= BUCKETS[at + 1]:
-            at += 1
-        y = plan.runs[at](x.reshape(tokens, fin).contiguous())
-        return y.reshape(*x.shape[:-1], self.out_features)
+        y = plan.runs[self._bucket(tokens)](x.reshape(tokens, fin).contiguous())
+        return y.reshape(*x.shape[:-1], self.out_features).contiguous()  # as nn.Linear's: contiguous
 
     def _refuse(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.in_features:
@@ -129,7 +156,7 @@ class SparseLinear(nn.Module):
 
     def extra_repr(self) -> str:
         p = self.packed
-        by_bucket = ", ".join(f"{b}: {k}" for b, k in zip(BUCKETS, self.choice))
+        by_bucket = ", ".join(f"{b}: {k}" for b, k in zip(self.buckets, self.choice))
         sizes = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{sizes}, density={p.density:.3f}, {by_bucket}"
 
@@ -137,4 +164,5 @@ class SparseLinear(nn.Module):
 class _Plan(NamedTuple):
     values: torch.Tensor  # the buffer it was bound to: another one means bind again
     dtype: torch.dtype
-    runs: tuple[Kernel, ...]  # one a bucket of BUCKETS
+    names: tuple[str, ...]  # the kernel of each bucket
+    runs: tuple[Kernel, ...]  # bound, one a bucket (a SparseConv's: column kernels, None for dense)
