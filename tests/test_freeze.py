@@ -13,12 +13,12 @@ import sparsefx
 from conftest import HF_VOCAB, tiny_bert_config, tiny_gpt2_config, tiny_llama_config
 from sparsefx.errors import FreezeError
 from sparsefx.frozen.choose import BUCKETS, kernel_for
-from sparsefx.frozen.kernels import KERNELS, NUMBA, available_kernels
+from sparsefx.frozen.kernels import KERNELS, NUMBA, NUMBA_KERNELS, available_kernels
 from sparsefx.frozen.packed import pack
 from sparsefx.frozen.sparse_linear import SparseLinear
 from sparsefx.models.registry import build_model
 
-KERNEL_NAMES = [k for k in KERNELS if k not in ("spmv", "rows") or NUMBA]
+KERNEL_NAMES = [k for k in KERNELS if k not in NUMBA_KERNELS or NUMBA]
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ import torch
 
 import sparsefx
 from sparsefx.errors import FreezeError
-from sparsefx.frozen.kernels import COLUMN_BINDERS, NUMBA
+from sparsefx.frozen.kernels import COLUMN_BINDERS, NUMBA, NUMBA_KERNELS
 from sparsefx.frozen.packed import pack
 from sparsefx.frozen.sparse_conv import CONV_BUCKETS, SparseConv, choose_conv
 from sparsefx.models.registry import build_model
 
-KERNELS = [k for k in COLUMN_BINDERS if k != "rows" or NUMBA] + ["dense"]
+KERNELS = [k for k in COLUMN_BINDERS if k not in NUMBA_KERNELS or NUMBA] + ["dense"]
 
 CONVS = {
     "2d 3x3 pad 1": lambda: torch.nn.Conv2d(5, 7, 3, padding=1),

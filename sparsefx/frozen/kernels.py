@@ -11,6 +11,9 @@ fastest depends on the tokens ``T`` (``choose.py`` measures):
   over tokens (one load and store of the row for four products: with one at a time the stores
   bound it). Rows are written to the token-major output 16 at a time (``loops.BLOCK``). On more
   than one thread (``torch.get_num_threads()``) the output rows are shared out.
+* ``tiles`` (numba): many tokens, in tiles of 32 (``loops.TILE``), each tile's inputs contiguous
+  (``[in, 32]``). An output row's sums for a tile stay in vector registers across its nonzeros
+  (``simd.py``): one 32-token load and two multiply-adds a nonzero, the row stored once.
 * ``torch`` (``torch.sparse.mm`` on the CSR tensor): torch's own kernel (MKL on x86), good at 8-32.
 * ``dense``: ``F.linear`` on the masked dense weight, where no sparse kernel is faster.
 
@@ -44,7 +47,7 @@ __all__ = ["KERNELS", "NUMBA", "available_kernels", "bind", "bind_columns", "Ker
 NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
 """Whether the numba kernels run: numba installed (the ``fast`` extra) and ``SPARSEFX_NUMBA`` not 0."""
 
-NUMBA_KERNELS = ["spmv", "rows"]
+NUMBA_KERNELS = ["spmv", "rows", "tiles"]
 """The kernels that need numba."""
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
@@ -113,6 +116,35 @@ def _bind_rows(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     return run
 
 
+def _tile_count(tokens: int) -> int:
+    from .loops import TILE
+
+    return -(-tokens // TILE)
+
+
+def _to_tiles(x: torch.Tensor, tiles: int) -> torch.Tensor:
+    """``x[T, in]`` as ``[tiles, in, TILE]``, contiguous, tokens past ``T`` zero."""
+    from .loops import TILE
+
+    tokens, n_in = x.shape
+    if tiles * TILE != tokens:
+        x = F.pad(x, (0, 0, 0, tiles * TILE - tokens))
+    return x.reshape(tiles, TILE, n_in).transpose(1, 2).contiguous()
+
+
+def _bind_tiles(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
+    arrays, b, out_features, n_in = _arrays(p), _bias(bias), p.out_features, p.in_features
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        tiles = _tile_count(x.shape[0])
+        x3 = _to_tiles(x, tiles)
+        out3 = torch.empty(tiles, out_features, x3.shape[2])
+        _parallel("tiles")(*arrays, b, x3.numpy().reshape(-1), out3.numpy().reshape(-1), n_in)
+        return out3.transpose(1, 2).reshape(-1, out_features)[: x.shape[0]]
+
+    return run
+
+
 def _bind_torch(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     csr = p.csr()
 
@@ -133,6 +165,7 @@ BINDERS: dict[str, Callable[[PackedWeight, torch.Tensor | None], Kernel]] = {
     "rows": _bind_rows,
     "torch": _bind_torch,
     "dense": _bind_dense,
+    "tiles": _bind_tiles,  # last: kernel_choice stores kernels by their place here
 }
 """Kernel name -> ``binder(packed, bias)`` giving the bound kernel."""
 
@@ -170,9 +203,24 @@ def _columns_torch(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
     return run
 
 
+def _columns_tiles(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
+    arrays, b, out_features, n_in = _arrays(p), _bias(bias), p.out_features, p.in_features
+
+    def run(xt: torch.Tensor, out_t: torch.Tensor) -> None:
+        tokens = xt.shape[1]
+        tiles = _tile_count(tokens)
+        x3 = _to_tiles(xt.T, tiles)
+        out3 = torch.empty(tiles, out_features, x3.shape[2])
+        _parallel("tiles")(*arrays, b, x3.numpy().reshape(-1), out3.numpy().reshape(-1), n_in)
+        out_t.copy_(out3.permute(1, 0, 2).reshape(out_features, -1)[:, :tokens])
+
+    return run
+
+
 COLUMN_BINDERS: dict[str, Callable[[PackedWeight, torch.Tensor | None], ColumnKernel]] = {
     "rows": _columns_rows,
     "torch": _columns_torch,
+    "tiles": _columns_tiles,
 }
 """The sparse kernels that take tokens as columns (``spmv`` gathers one token at a time: it has none)."""
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["spmv", "rows", "rows_parallel", "rows_tokens", "rows_tokens_parallel", "BLOCK"]
+from .simd import LANES, add, fmuladd, load, splat, store
+
+__all__ = ["spmv", "rows", "rows_parallel", "rows_tokens", "rows_tokens_parallel", "tiles", "tiles_parallel"]
 
 _OPTS = {"fastmath": True, "cache": True, "boundscheck": False, "nogil": True}
 
@@ -20,6 +22,13 @@ BLOCK = 16
 """Output rows ``rows_tokens`` accumulates before it writes them to the token-major output: one
 64-byte line a token for float32 (one row at a time would write a line per token per row, and with an
 output stride of a multiple of 4 KiB those lines fall in one cache set)."""
+
+
+TILE = 2 * LANES
+"""Tokens a ``tiles`` tile: two vectors of sums an output row."""
+
+ROWS = 64
+"""Output rows a parallel work item of ``tiles`` takes."""
 
 
 @njit(**_OPTS)
@@ -87,7 +96,40 @@ def _rows_tokens(indptr, indices, values, bias, xt, out):  # pragma: no cover - 
                 yt[o0 + i] = scratch[i, t]
 
 
+def _tiles(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover - compiled
+    """``out3 = W @ x3 + b`` tile by tile: ``x3`` is ``[tiles, n_in, TILE]`` and ``out3``
+    ``[tiles, n_out, TILE]``, both flat. An output row's sums for a tile stay in four vectors (two
+    nonzeros a pass, two tokens' vectors each) across all its nonzeros: one load of 32 tokens and
+    one multiply-add a vector per nonzero, and no load or store of the row until its end."""
+    n_out = indptr.shape[0] - 1
+    n_tiles = out3.shape[0] // (n_out * TILE)
+    n_blocks = (n_out + ROWS - 1) // ROWS
+    for item in prange(n_tiles * n_blocks):  # tile-major: one tile's inputs stay in cache
+        tile, o0 = item // n_blocks, (item % n_blocks) * ROWS
+        x_at, out_at = np.int64(tile) * n_in * TILE, np.int64(tile) * n_out * TILE
+        for o in range(o0, min(o0 + ROWS, n_out)):
+            b = bias[o] if bias.shape[0] else np.float32(0.0)
+            a0, a1 = splat(b), splat(b)
+            c0, c1 = splat(np.float32(0.0)), splat(np.float32(0.0))
+            p, hi = indptr[o], indptr[o + 1]
+            while p + 2 <= hi:
+                j0 = x_at + np.int64(indices[p]) * TILE
+                j1 = x_at + np.int64(indices[p + 1]) * TILE
+                w0, w1 = values[p], values[p + 1]
+                a0, a1 = fmuladd(a0, w0, load(x3, j0)), fmuladd(a1, w0, load(x3, j0 + LANES))
+                c0, c1 = fmuladd(c0, w1, load(x3, j1)), fmuladd(c1, w1, load(x3, j1 + LANES))
+                p += 2
+            if p < hi:
+                j0 = x_at + np.int64(indices[p]) * TILE
+                a0, a1 = fmuladd(a0, values[p], load(x3, j0)), fmuladd(a1, values[p], load(x3, j0 + LANES))
+            at = out_at + np.int64(o) * TILE
+            store(out3, at, add(a0, c0))
+            store(out3, at + LANES, add(a1, c1))
+
+
 rows = njit(**_OPTS)(_rows)
 rows_parallel = njit(parallel=True, **_OPTS)(_rows)
 rows_tokens = njit(**_OPTS)(_rows_tokens)
 rows_tokens_parallel = njit(parallel=True, **_OPTS)(_rows_tokens)
+tiles = njit(**_OPTS)(_tiles)
+tiles_parallel = njit(parallel=True, **_OPTS)(_tiles)
