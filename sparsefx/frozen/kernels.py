@@ -11,9 +11,10 @@ fastest depends on the tokens ``T`` (``choose.py`` measures):
   over tokens (one load and store of the row for four products: with one at a time the stores
   bound it). Rows are written to the token-major output 16 at a time (``loops.BLOCK``). On more
   than one thread (``torch.get_num_threads()``) the output rows are shared out.
-* ``tiles`` (numba): many tokens, in tiles of 32 (``loops.TILE``), each tile's inputs contiguous
-  (``[in, 32]``). An output row's sums for a tile stay in vector registers across its nonzeros
-  (``simd.py``): one 32-token load and two multiply-adds a nonzero, the row stored once.
+* ``tiles`` (numba): tokens in tiles of 32 (``loops.TILE``; of 8 for 8 tokens or fewer), each
+  tile's inputs contiguous (``[in, 32]``). An output row's sums for a tile stay in vector registers
+  across its nonzeros (``simd.py``): one 32-token load and two multiply-adds a nonzero, the row
+  stored once.
 * ``torch`` (``torch.sparse.mm`` on the CSR tensor): torch's own kernel (MKL on x86), good at 8-32.
 * ``dense``: ``F.linear`` on the masked dense weight, where no sparse kernel is faster.
 
@@ -116,30 +117,36 @@ def _bind_rows(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     return run
 
 
-def _tile_count(tokens: int) -> int:
-    from .loops import TILE
+def _tile(tokens: int) -> tuple[int, str]:
+    """Tokens a tile and the loop for a call of ``tokens``: 8 (``tiles8``) up to 8 tokens, else 32."""
+    from .loops import TILE, TILE8
 
-    return -(-tokens // TILE)
+    return (TILE8, "tiles8") if tokens <= TILE8 else (TILE, "tiles")
 
 
-def _to_tiles(x: torch.Tensor, tiles: int) -> torch.Tensor:
-    """``x[T, in]`` as ``[tiles, in, TILE]``, contiguous, tokens past ``T`` zero."""
-    from .loops import TILE
-
+def _to_tiles(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x[T, in]`` as ``[tiles, in, width]``, contiguous, tokens past ``T`` zero."""
     tokens, n_in = x.shape
-    if tiles * TILE != tokens:
-        x = F.pad(x, (0, 0, 0, tiles * TILE - tokens))
-    return x.reshape(tiles, TILE, n_in).transpose(1, 2).contiguous()
+    tiles = -(-tokens // width)
+    if tiles * width != tokens:
+        x = F.pad(x, (0, 0, 0, tiles * width - tokens))
+    return x.reshape(tiles, width, n_in).transpose(1, 2).contiguous()
+
+
+def _run_tiles(arrays: tuple, b: np.ndarray, x: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``W @ x.T + b`` as ``[tiles, out, width]`` (``x`` is ``[T, in]``)."""
+    width, loop = _tile(x.shape[0])
+    x3 = _to_tiles(x, width)
+    out3 = torch.empty(x3.shape[0], out_features, width)
+    _parallel(loop)(*arrays, b, x3.numpy().reshape(-1), out3.numpy().reshape(-1), x.shape[1])
+    return out3
 
 
 def _bind_tiles(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
-    arrays, b, out_features, n_in = _arrays(p), _bias(bias), p.out_features, p.in_features
+    arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        tiles = _tile_count(x.shape[0])
-        x3 = _to_tiles(x, tiles)
-        out3 = torch.empty(tiles, out_features, x3.shape[2])
-        _parallel("tiles")(*arrays, b, x3.numpy().reshape(-1), out3.numpy().reshape(-1), n_in)
+        out3 = _run_tiles(arrays, b, x, out_features)
         return out3.transpose(1, 2).reshape(-1, out_features)[: x.shape[0]]
 
     return run
@@ -204,15 +211,11 @@ def _columns_torch(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
 
 
 def _columns_tiles(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
-    arrays, b, out_features, n_in = _arrays(p), _bias(bias), p.out_features, p.in_features
+    arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
     def run(xt: torch.Tensor, out_t: torch.Tensor) -> None:
-        tokens = xt.shape[1]
-        tiles = _tile_count(tokens)
-        x3 = _to_tiles(xt.T, tiles)
-        out3 = torch.empty(tiles, out_features, x3.shape[2])
-        _parallel("tiles")(*arrays, b, x3.numpy().reshape(-1), out3.numpy().reshape(-1), n_in)
-        out_t.copy_(out3.permute(1, 0, 2).reshape(out_features, -1)[:, :tokens])
+        out3 = _run_tiles(arrays, b, xt.T, out_features)
+        out_t.copy_(out3.permute(1, 0, 2).reshape(out_features, -1)[:, : xt.shape[1]])
 
     return run
 

@@ -12,9 +12,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .simd import LANES, add, fmuladd, load, splat, store
+from .simd import add8, add16, fmuladd8, fmuladd16, load8, load16, splat8, splat16, store8, store16
 
-__all__ = ["spmv", "rows", "rows_parallel", "rows_tokens", "rows_tokens_parallel", "tiles", "tiles_parallel"]
+__all__ = [
+    "spmv",
+    "rows",
+    "rows_parallel",
+    "rows_tokens",
+    "rows_tokens_parallel",
+    "tiles",
+    "tiles_parallel",
+    "tiles8",
+    "tiles8_parallel",
+]
 
 _OPTS = {"fastmath": True, "cache": True, "boundscheck": False, "nogil": True}
 
@@ -24,8 +34,11 @@ BLOCK = 16
 output stride of a multiple of 4 KiB those lines fall in one cache set)."""
 
 
-TILE = 2 * LANES
-"""Tokens a ``tiles`` tile: two vectors of sums an output row."""
+TILE = 32
+"""Tokens a ``tiles`` tile: two 16-lane vectors of sums an output row."""
+
+TILE8 = 8
+"""Tokens a ``tiles8`` tile (8 tokens or fewer: one 8-lane vector an output row)."""
 
 ROWS = 64
 """Output rows a parallel work item of ``tiles`` takes."""
@@ -99,7 +112,7 @@ def _rows_tokens(indptr, indices, values, bias, xt, out):  # pragma: no cover - 
 def _tiles(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover - compiled
     """``out3 = W @ x3 + b`` tile by tile: ``x3`` is ``[tiles, n_in, TILE]`` and ``out3``
     ``[tiles, n_out, TILE]``, both flat. An output row's sums for a tile stay in four vectors (two
-    nonzeros a pass, two tokens' vectors each) across all its nonzeros: one load of 32 tokens and
+    nonzeros a pass, two 16-token vectors each) across all its nonzeros: one load of 32 tokens and
     one multiply-add a vector per nonzero, and no load or store of the row until its end."""
     n_out = indptr.shape[0] - 1
     n_tiles = out3.shape[0] // (n_out * TILE)
@@ -109,22 +122,51 @@ def _tiles(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover -
         x_at, out_at = np.int64(tile) * n_in * TILE, np.int64(tile) * n_out * TILE
         for o in range(o0, min(o0 + ROWS, n_out)):
             b = bias[o] if bias.shape[0] else np.float32(0.0)
-            a0, a1 = splat(b), splat(b)
-            c0, c1 = splat(np.float32(0.0)), splat(np.float32(0.0))
+            a0, a1 = splat16(b), splat16(b)
+            c0, c1 = splat16(np.float32(0.0)), splat16(np.float32(0.0))
             p, hi = indptr[o], indptr[o + 1]
             while p + 2 <= hi:
                 j0 = x_at + np.int64(indices[p]) * TILE
                 j1 = x_at + np.int64(indices[p + 1]) * TILE
                 w0, w1 = values[p], values[p + 1]
-                a0, a1 = fmuladd(a0, w0, load(x3, j0)), fmuladd(a1, w0, load(x3, j0 + LANES))
-                c0, c1 = fmuladd(c0, w1, load(x3, j1)), fmuladd(c1, w1, load(x3, j1 + LANES))
+                a0, a1 = fmuladd16(a0, w0, load16(x3, j0)), fmuladd16(a1, w0, load16(x3, j0 + 16))
+                c0, c1 = fmuladd16(c0, w1, load16(x3, j1)), fmuladd16(c1, w1, load16(x3, j1 + 16))
                 p += 2
             if p < hi:
                 j0 = x_at + np.int64(indices[p]) * TILE
-                a0, a1 = fmuladd(a0, values[p], load(x3, j0)), fmuladd(a1, values[p], load(x3, j0 + LANES))
+                a0, a1 = (
+                    fmuladd16(a0, values[p], load16(x3, j0)),
+                    fmuladd16(a1, values[p], load16(x3, j0 + 16)),
+                )
             at = out_at + np.int64(o) * TILE
-            store(out3, at, add(a0, c0))
-            store(out3, at + LANES, add(a1, c1))
+            store16(out3, at, add16(a0, c0))
+            store16(out3, at + 16, add16(a1, c1))
+
+
+def _tiles8(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover - compiled
+    """``_tiles`` for tiles of 8 tokens: one 8-lane vector an output row, four nonzeros a pass in four
+    sums (a multiply-add waits on the one before it in its sum)."""
+    n_out = indptr.shape[0] - 1
+    n_tiles = out3.shape[0] // (n_out * TILE8)
+    n_blocks = (n_out + ROWS - 1) // ROWS
+    for item in prange(n_tiles * n_blocks):
+        tile, o0 = item // n_blocks, (item % n_blocks) * ROWS
+        x_at, out_at = np.int64(tile) * n_in * TILE8, np.int64(tile) * n_out * TILE8
+        for o in range(o0, min(o0 + ROWS, n_out)):
+            b = bias[o] if bias.shape[0] else np.float32(0.0)
+            zero = splat8(np.float32(0.0))
+            a, c, d, e = splat8(b), zero, zero, zero
+            p, hi = indptr[o], indptr[o + 1]
+            while p + 4 <= hi:
+                a = fmuladd8(a, values[p], load8(x3, x_at + np.int64(indices[p]) * TILE8))
+                c = fmuladd8(c, values[p + 1], load8(x3, x_at + np.int64(indices[p + 1]) * TILE8))
+                d = fmuladd8(d, values[p + 2], load8(x3, x_at + np.int64(indices[p + 2]) * TILE8))
+                e = fmuladd8(e, values[p + 3], load8(x3, x_at + np.int64(indices[p + 3]) * TILE8))
+                p += 4
+            while p < hi:
+                a = fmuladd8(a, values[p], load8(x3, x_at + np.int64(indices[p]) * TILE8))
+                p += 1
+            store8(out3, out_at + np.int64(o) * TILE8, add8(add8(a, c), add8(d, e)))
 
 
 rows = njit(**_OPTS)(_rows)
@@ -133,3 +175,5 @@ rows_tokens = njit(**_OPTS)(_rows_tokens)
 rows_tokens_parallel = njit(parallel=True, **_OPTS)(_rows_tokens)
 tiles = njit(**_OPTS)(_tiles)
 tiles_parallel = njit(parallel=True, **_OPTS)(_tiles)
+tiles8 = njit(**_OPTS)(_tiles8)
+tiles8_parallel = njit(parallel=True, **_OPTS)(_tiles8)

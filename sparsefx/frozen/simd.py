@@ -1,9 +1,10 @@
-"""Sixteen float32 lanes as a numba value, so that a loop keeps its sums in vector registers.
+"""Float32 vectors as numba values (16 lanes, and 8), so that a loop keeps its sums in registers.
 
 numba has no vector type: a loop that adds into an array row loads and stores the row at every
-product, and LLVM cannot keep sixteen scalar sums in one register across a loop. ``F32x16`` is an
-LLVM ``<16 x float>`` value (two AVX2 registers, one AVX-512 register, four NEON ones: LLVM splits it
-for the machine), and the intrinsics below are the few operations the frozen kernels need. Loads and
+product, and LLVM cannot keep sixteen scalar sums in one register across a loop. A vector here is
+an LLVM ``<16 x float>`` (``..16`` ops) or ``<8 x float>`` (``..8`` ops) value: LLVM maps it onto the
+machine's registers (one AVX-512 or two AVX2 ones for 16 lanes, four NEON ones). The intrinsics are
+the few operations the frozen kernels need. Loads and
 stores take a 1-D float32 array and the index of the first lane; they do not check bounds (the
 kernels index packed weights that ``PackedWeight.check`` has checked). Importing this needs numba;
 the ops only run compiled, so their examples are the kernels themselves (``loops.tiles``).
@@ -16,97 +17,88 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["LANES", "splat", "load", "store", "fmuladd", "add"]
-
-LANES = 16
-_VECTOR = ir.VectorType(ir.FloatType(), LANES)
-
-
-class F32x16(types.Type):
-    """numba's type for one ``<16 x float>`` value."""
-
-    def __init__(self) -> None:
-        super().__init__(name="f32x16")
-
-
-f32x16 = F32x16()
+__all__ = [
+    "splat16",
+    "load16",
+    "store16",
+    "fmuladd16",
+    "add16",
+    "splat8",
+    "load8",
+    "store8",
+    "fmuladd8",
+    "add8",
+]
 
 
-@register_model(F32x16)
-class _Model(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type) -> None:  # noqa: ANN001 - numba's signature
-        super().__init__(dmm, fe_type, _VECTOR)
+def _vector_ops(lanes: int) -> tuple:
+    """numba's type for a ``<lanes x float>`` value, and ``(splat, load, store, fmuladd, add)`` on it."""
+    vector = ir.VectorType(ir.FloatType(), lanes)
 
+    class F32xN(types.Type):
+        def __init__(self) -> None:
+            super().__init__(name=f"f32x{lanes}")
 
-def _broadcast(builder, value):  # noqa: ANN001, ANN202 - numba codegen
-    first = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-    return builder.shuffle_vector(first, ir.Constant(_VECTOR, ir.Undefined), zeros)
+    vtype = F32xN()
 
+    @register_model(F32xN)
+    class _Model(models.PrimitiveModel):
+        def __init__(self, dmm, fe_type) -> None:  # noqa: ANN001 - numba's signature
+            super().__init__(dmm, fe_type, vector)
 
-def _lane_pointer(context, builder, array_type, array, index):  # noqa: ANN001, ANN202 - numba codegen
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.bitcast(builder.gep(data, [index]), _VECTOR.as_pointer())
-
-
-@intrinsic
-def splat(typingctx, value):  # noqa: ANN001, ANN201 - numba intrinsic
-    """Sixteen copies of a float32."""
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        one = builder.insert_element(
-            ir.Constant(_VECTOR, ir.Undefined), args[0], ir.Constant(ir.IntType(32), 0)
+    def broadcast(builder, value):  # noqa: ANN001, ANN202 - numba codegen
+        first = builder.insert_element(
+            ir.Constant(vector, ir.Undefined), value, ir.Constant(ir.IntType(32), 0)
         )
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-        return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined), zeros)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+        return builder.shuffle_vector(first, ir.Constant(vector, ir.Undefined), zeros)
 
-    return f32x16(types.float32), codegen
+    def lane_pointer(context, builder, array_type, array, index):  # noqa: ANN001, ANN202
+        data = context.make_array(array_type)(context, builder, array).data
+        return builder.bitcast(builder.gep(data, [index]), vector.as_pointer())
+
+    @intrinsic
+    def splat(typingctx, value):  # noqa: ANN001, ANN202 - numba intrinsic
+        """``lanes`` copies of a float32."""
+        return vtype(types.float32), lambda context, builder, sig, args: broadcast(builder, args[0])
+
+    @intrinsic
+    def load(typingctx, array, index):  # noqa: ANN001, ANN202
+        """``array[index : index + lanes]`` (a contiguous 1-D float32 array)."""
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            return builder.load(lane_pointer(context, builder, sig.args[0], args[0], args[1]), align=4)
+
+        return vtype(array, index), codegen
+
+    @intrinsic
+    def store(typingctx, array, index, value):  # noqa: ANN001, ANN202
+        """``array[index : index + lanes] = value``."""
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            builder.store(args[2], lane_pointer(context, builder, sig.args[0], args[0], args[1]), align=4)
+            return context.get_dummy_value()
+
+        return types.none(array, index, value), codegen
+
+    @intrinsic
+    def fmuladd(typingctx, acc, weight, x):  # noqa: ANN001, ANN202
+        """``acc + weight * x`` lane by lane, fused where the machine has FMA (``llvm.fmuladd``)."""
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            fnty = ir.FunctionType(vector, [vector] * 3)
+            fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fmuladd.v{lanes}f32")
+            return builder.call(fn, [broadcast(builder, args[1]), args[2], args[0]])
+
+        return vtype(acc, types.float32, x), codegen
+
+    @intrinsic
+    def add(typingctx, a, b):  # noqa: ANN001, ANN202
+        """``a + b`` lane by lane."""
+        return vtype(a, b), lambda context, builder, sig, args: builder.fadd(args[0], args[1])
+
+    return splat, load, store, fmuladd, add
 
 
-@intrinsic
-def load(typingctx, array, index):  # noqa: ANN001, ANN201 - numba intrinsic
-    """``array[index : index + 16]`` (a contiguous 1-D float32 array)."""
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.load(_lane_pointer(context, builder, sig.args[0], args[0], args[1]), align=4)
-
-    return f32x16(array, index), codegen
-
-
-@intrinsic
-def store(typingctx, array, index, vector):  # noqa: ANN001, ANN201 - numba intrinsic
-    """``array[index : index + 16] = vector``."""
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        builder.store(args[2], _lane_pointer(context, builder, sig.args[0], args[0], args[1]), align=4)
-        return context.get_dummy_value()
-
-    return types.none(array, index, vector), codegen
-
-
-@intrinsic
-def fmuladd(typingctx, acc, weight, x):  # noqa: ANN001, ANN201 - numba intrinsic
-    """``acc + weight * x`` lane by lane, fused where the machine has FMA (``llvm.fmuladd``)."""
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), f"llvm.fmuladd.v{LANES}f32"
-        )
-        one = builder.insert_element(
-            ir.Constant(_VECTOR, ir.Undefined), args[1], ir.Constant(ir.IntType(32), 0)
-        )
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-        w = builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined), zeros)
-        return builder.call(fn, [w, args[2], args[0]])
-
-    return f32x16(acc, types.float32, x), codegen
-
-
-@intrinsic
-def add(typingctx, a, b):  # noqa: ANN001, ANN201 - numba intrinsic
-    """``a + b`` lane by lane."""
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.fadd(args[0], args[1])
-
-    return f32x16(a, b), codegen
+splat16, load16, store16, fmuladd16, add16 = _vector_ops(16)
+splat8, load8, store8, fmuladd8, add8 = _vector_ops(8)
