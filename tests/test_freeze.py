@@ -135,6 +135,21 @@ def test_kernel_for_takes_the_largest_bucket_at_or_below_the_tokens() -> None:
         "rows",
     ]
     assert available_kernels("torch") == ["torch", "dense"]
+    # between two buckets a sparse kernel runs only where both measured sparse; at a bucket, its own
+    choice = ("spmv", "dense", "tiles", "tiles", "dense")
+    assert [kernel_for(choice, t) for t in (1, 2, 8, 9, 32, 200, 512, 4096)] == [
+        "spmv", "dense", "dense", "dense", "tiles", "dense", "dense", "dense",
+    ]  # fmt: skip
+    lin = torch.nn.Linear(6, 4)
+    layer = SparseLinear(pack(lin.weight, torch.ones(4, 6, dtype=torch.bool)), lin.bias, choice)
+    ran: list[str] = []
+    layer._bind = lambda name, p, b: lambda x: ran.append(name) or KERNELS[name](p, x, b)
+    with torch.no_grad():
+        for tokens in (1, 2, 8, 9, 32, 200, 512, 4096):
+            x = torch.randn(tokens, 6)
+            assert torch.allclose(layer(x), lin(x), rtol=1e-4, atol=1e-5)
+            want = kernel_for(choice, tokens)
+            assert ran[-1] == (want if NUMBA or want not in NUMBA_KERNELS else "torch"), tokens
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt-tiny", "zoo-data-dependent", "zoo-dict", "zoo-gpt2-conv1d"])

@@ -5,15 +5,15 @@ inputs in interleaved rounds, each sample ``SAMPLE`` seconds of calls. The two f
 with dense and the two sets averaged (a burst of load on a shared machine can flip one set). ``dense``
 is always a candidate and a sparse kernel wins only by ``MARGIN``, so a layer whose sparse kernels are
 not clearly faster at some size stays dense there. A call takes the choice of the largest bucket at or
-below its tokens, or dense where the next bucket up chose dense (``kernel_for``). Where a layer's
+below its tokens, but dense between it and a next bucket that chose dense (``kernel_for``). Where a layer's
 dense work at a bucket is past ``BUDGET`` multiply-accumulates (an LM head at 512 tokens), its first
 output rows are timed, as many as the budget holds. Layers of one shape and density share one
 measurement (``freeze.py``)::
 
     >>> kernel_for(("spmv", "torch", "torch", "rows", "rows"), 1), kernel_for(("spmv", "torch"), 20)
     ('spmv', 'torch')
-    >>> kernel_for(("rows", "dense", "rows"), 1), kernel_for(("rows", "dense", "rows"), 32)
-    ('dense', 'rows')
+    >>> [kernel_for(("rows", "dense", "rows"), t) for t in (1, 2, 8, 32)]
+    ['rows', 'dense', 'dense', 'rows']
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ __all__ = ["BUCKETS", "BUDGET", "ROUNDS", "choose", "fastest", "kernel_for"]
 BUCKETS = (1, 8, 32, 128, 512)
 """Token counts the choice is measured at."""
 
-BUDGET = 2**28
-"""The most dense multiply-accumulates a timed call takes (GPT-2's LM head at 512 tokens would take 2e10)."""
+BUDGET = 2**31
+"""The most dense multiply-accumulates a timed call takes (GPT-2's LM head at 512 tokens would take 2e10).
+A slice times the kernels' fixed costs (the input's transpose) against fewer rows than the layer
+has, so it is kept for layers that would take seconds: GPT-2's 3072x768 at 512 tokens is timed whole."""
 
 ROUNDS = 5
 """Interleaved timing rounds per bucket (after one warm-up call of each kernel)."""
@@ -48,14 +50,15 @@ of dense, a layer stays dense."""
 
 
 def kernel_for(choice: Sequence[str], tokens: int, buckets: Sequence[int] = BUCKETS) -> str:
-    """The kernel ``choice`` (one name per bucket of ``buckets``) runs at ``tokens``: that of the
-    largest bucket at or below them (the first below them all), but dense where the next bucket up
-    measured dense: between two measured sizes a sparse kernel runs only where it won at both."""
+    """The kernel ``choice`` (one name per bucket of ``buckets``) runs at ``tokens``: a bucket's own
+    at its size; above it (below the next), the same unless the next bucket measured dense, then
+    dense: between two measured sizes a sparse kernel runs only where it won at both. Below the first
+    bucket, the first one's rule; past the last, the last one's choice."""
     at = 0
     for i, b in enumerate(buckets[: len(choice)]):
         if tokens >= b:
             at = i
-    if at + 1 < len(choice) and choice[at + 1] == "dense":
+    if tokens != buckets[at] and at + 1 < len(choice) and choice[at + 1] == "dense":
         return "dense"
     return choice[at]
 

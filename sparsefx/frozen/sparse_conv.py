@@ -84,7 +84,7 @@ class SparseConv(SparseLinear):
             self._refuse(x)
         batched = x if x.dim() == self.dims + 2 else x.unsqueeze(0)
         out = self._out_shape(batched)
-        y = self._conv(batched, out, plan.runs[self._bucket(math.prod(out[:1] + out[2:]))])
+        y = self._conv(batched, out, self._run(plan, math.prod(out[:1] + out[2:])))
         return y if x.dim() == self.dims + 2 else y.squeeze(0)
 
     def conv(self, x: torch.Tensor, run: ColumnKernel | None) -> torch.Tensor:

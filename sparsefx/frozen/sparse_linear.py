@@ -116,10 +116,17 @@ class SparseLinear(nn.Module):
         plan = self._plan
         if plan is None or plan.values is not self._buffers["weight_values"]:
             p, bias = self.packed, self.bias
-            names = tuple(self.kernel(b) for b in self.buckets)
-            by_name = {name: self._bind(name, p, bias) for name in set(names)}
-            plan = self._plan = _Plan(p.values, p.values.dtype, names, tuple(by_name[k] for k in names))
+            exact = tuple(self.kernel(b) for b in self.buckets)
+            between = tuple(self.kernel(b + 1) for b in self.buckets)  # above a bucket, below the next
+            by_name = {name: self._bind(name, p, bias) for name in {*exact, *between}}
+            runs = tuple(by_name[k] for k in exact), tuple(by_name[k] for k in between)
+            plan = self._plan = _Plan(p.values, p.values.dtype, *runs)
         return plan
+
+    def _run(self, plan: _Plan, tokens: int) -> Any:
+        """The bound kernel a call of ``tokens`` runs (``choose.kernel_for``'s rule)."""
+        at = self._bucket(tokens)
+        return plan.exact[at] if tokens == self.buckets[at] else plan.between[at]
 
     def _bind(self, name: str, p: PackedWeight, bias: torch.Tensor | None) -> Any:
         return kernels.bind(name, p, bias)
@@ -138,7 +145,7 @@ class SparseLinear(nn.Module):
         tokens = x.numel() // fin
         if not tokens:
             return x.new_zeros((*x.shape[:-1], self.out_features))
-        y = plan.runs[self._bucket(tokens)](x.reshape(tokens, fin).contiguous())
+        y = self._run(plan, tokens)(x.reshape(tokens, fin).contiguous())
         return y.reshape(*x.shape[:-1], self.out_features).contiguous()  # as nn.Linear's: contiguous
 
     def _refuse(self, x: torch.Tensor) -> None:
@@ -164,5 +171,5 @@ class SparseLinear(nn.Module):
 class _Plan(NamedTuple):
     values: torch.Tensor  # the buffer it was bound to: another one means bind again
     dtype: torch.dtype
-    names: tuple[str, ...]  # the kernel of each bucket
-    runs: tuple[Kernel, ...]  # bound, one a bucket (a SparseConv's: column kernels, None for dense)
+    exact: tuple[Kernel, ...]  # bound, one a bucket, for a call of its size (a SparseConv's: column
+    between: tuple[Kernel, ...]  # kernels, None for dense); for one above it, below the next
