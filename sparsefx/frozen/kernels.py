@@ -133,23 +133,22 @@ def _to_tiles(x: torch.Tensor, width: int) -> torch.Tensor:
     return x.reshape(tiles, width, n_in).transpose(1, 2).contiguous()
 
 
-def _run_tiles(arrays: tuple, b: np.ndarray, x: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``W @ x.T + b`` as ``[tiles, out, width]`` (``x`` is ``[T, in]``)."""
+def _run_tiles(
+    arrays: tuple, b: np.ndarray, x: torch.Tensor, out_features: int, token_major: bool
+) -> torch.Tensor:
+    """``x @ W.T + b`` for ``x[T, in]``: ``[T', out]`` where ``token_major``, else ``[out, T']``
+    (``T'``: the tokens padded to whole tiles)."""
     width, loop = _tile(x.shape[0])
     x3 = _to_tiles(x, width)
-    out3 = torch.empty(x3.shape[0], out_features, width)
-    _parallel(loop)(*arrays, b, x3.numpy().reshape(-1), out3.numpy().reshape(-1), x.shape[1])
-    return out3
+    padded = x3.shape[0] * width
+    out = torch.empty((padded, out_features) if token_major else (out_features, padded))
+    _parallel(loop)(*arrays, b, x3.numpy().reshape(-1), out.numpy().reshape(-1), x.shape[1], token_major)
+    return out
 
 
 def _bind_tiles(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        out3 = _run_tiles(arrays, b, x, out_features)
-        return out3.transpose(1, 2).reshape(-1, out_features)[: x.shape[0]]
-
-    return run
+    return lambda x: _run_tiles(arrays, b, x, out_features, True)[: x.shape[0]]
 
 
 def _bind_torch(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
@@ -214,8 +213,7 @@ def _columns_tiles(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
     arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
     def run(xt: torch.Tensor, out_t: torch.Tensor) -> None:
-        out3 = _run_tiles(arrays, b, xt.T, out_features)
-        out_t.copy_(out3.permute(1, 0, 2).reshape(out_features, -1)[:, : xt.shape[1]])
+        out_t.copy_(_run_tiles(arrays, b, xt.T, out_features, False)[:, : xt.shape[1]])
 
     return run
 

@@ -12,7 +12,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .simd import add8, add16, fmuladd8, fmuladd16, load8, load16, splat8, splat16, store8, store16
+from .simd import (
+    add8,
+    add16,
+    fmuladd8,
+    fmuladd16,
+    load8,
+    load16,
+    scatter8,
+    scatter16,
+    splat8,
+    splat16,
+    store8,
+    store16,
+)
 
 __all__ = [
     "spmv",
@@ -109,17 +122,19 @@ def _rows_tokens(indptr, indices, values, bias, xt, out):  # pragma: no cover - 
                 yt[o0 + i] = scratch[i, t]
 
 
-def _tiles(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover - compiled
-    """``out3 = W @ x3 + b`` tile by tile: ``x3`` is ``[tiles, n_in, TILE]`` and ``out3``
-    ``[tiles, n_out, TILE]``, both flat. An output row's sums for a tile stay in four vectors (two
-    nonzeros a pass, two 16-token vectors each) across all its nonzeros: one load of 32 tokens and
-    one multiply-add a vector per nonzero, and no load or store of the row until its end."""
+def _tiles(indptr, indices, values, bias, x3, out, n_in, token_major):  # pragma: no cover - compiled
+    """``W @ x3 + b`` tile by tile, ``x3`` being ``[tiles, n_in, TILE]`` (flat). ``out`` (flat) is
+    ``[tiles * TILE, n_out]`` where ``token_major`` (a linear layer's output: each sum scattered to its
+    token's row), else ``[n_out, tiles * TILE]`` (tokens as columns). An output row's sums for a tile
+    stay in four vectors (two nonzeros a pass, two 16-token vectors each) across all its nonzeros:
+    one load of 32 tokens and one multiply-add a vector per nonzero, the row written once."""
     n_out = indptr.shape[0] - 1
-    n_tiles = out3.shape[0] // (n_out * TILE)
+    n_tiles = x3.shape[0] // (n_in * TILE)
     n_blocks = (n_out + ROWS - 1) // ROWS
+    width = np.int64(n_tiles) * TILE  # the padded tokens
     for item in prange(n_tiles * n_blocks):  # tile-major: one tile's inputs stay in cache
         tile, o0 = item // n_blocks, (item % n_blocks) * ROWS
-        x_at, out_at = np.int64(tile) * n_in * TILE, np.int64(tile) * n_out * TILE
+        x_at, t0 = np.int64(tile) * n_in * TILE, np.int64(tile) * TILE
         for o in range(o0, min(o0 + ROWS, n_out)):
             b = bias[o] if bias.shape[0] else np.float32(0.0)
             a0, a1 = splat16(b), splat16(b)
@@ -133,25 +148,26 @@ def _tiles(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover -
                 c0, c1 = fmuladd16(c0, w1, load16(x3, j1)), fmuladd16(c1, w1, load16(x3, j1 + 16))
                 p += 2
             if p < hi:
-                j0 = x_at + np.int64(indices[p]) * TILE
-                a0, a1 = (
-                    fmuladd16(a0, values[p], load16(x3, j0)),
-                    fmuladd16(a1, values[p], load16(x3, j0 + 16)),
-                )
-            at = out_at + np.int64(o) * TILE
-            store16(out3, at, add16(a0, c0))
-            store16(out3, at + 16, add16(a1, c1))
+                j0, w0 = x_at + np.int64(indices[p]) * TILE, values[p]
+                a0, a1 = fmuladd16(a0, w0, load16(x3, j0)), fmuladd16(a1, w0, load16(x3, j0 + 16))
+            if token_major:
+                scatter16(out, t0 * n_out + o, np.int64(n_out), add16(a0, c0))
+                scatter16(out, (t0 + 16) * n_out + o, np.int64(n_out), add16(a1, c1))
+            else:
+                store16(out, np.int64(o) * width + t0, add16(a0, c0))
+                store16(out, np.int64(o) * width + t0 + 16, add16(a1, c1))
 
 
-def _tiles8(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover - compiled
+def _tiles8(indptr, indices, values, bias, x3, out, n_in, token_major):  # pragma: no cover - compiled
     """``_tiles`` for tiles of 8 tokens: one 8-lane vector an output row, four nonzeros a pass in four
     sums (a multiply-add waits on the one before it in its sum)."""
     n_out = indptr.shape[0] - 1
-    n_tiles = out3.shape[0] // (n_out * TILE8)
+    n_tiles = x3.shape[0] // (n_in * TILE8)
     n_blocks = (n_out + ROWS - 1) // ROWS
+    width = np.int64(n_tiles) * TILE8
     for item in prange(n_tiles * n_blocks):
         tile, o0 = item // n_blocks, (item % n_blocks) * ROWS
-        x_at, out_at = np.int64(tile) * n_in * TILE8, np.int64(tile) * n_out * TILE8
+        x_at, t0 = np.int64(tile) * n_in * TILE8, np.int64(tile) * TILE8
         for o in range(o0, min(o0 + ROWS, n_out)):
             b = bias[o] if bias.shape[0] else np.float32(0.0)
             zero = splat8(np.float32(0.0))
@@ -166,7 +182,11 @@ def _tiles8(indptr, indices, values, bias, x3, out3, n_in):  # pragma: no cover 
             while p < hi:
                 a = fmuladd8(a, values[p], load8(x3, x_at + np.int64(indices[p]) * TILE8))
                 p += 1
-            store8(out3, out_at + np.int64(o) * TILE8, add8(add8(a, c), add8(d, e)))
+            total = add8(add8(a, c), add8(d, e))
+            if token_major:
+                scatter8(out, t0 * n_out + o, np.int64(n_out), total)
+            else:
+                store8(out, np.int64(o) * width + t0, total)
 
 
 rows = njit(**_OPTS)(_rows)

@@ -32,7 +32,8 @@ __all__ = [
 
 
 def _vector_ops(lanes: int) -> tuple:
-    """numba's type for a ``<lanes x float>`` value, and ``(splat, load, store, fmuladd, add)`` on it."""
+    """numba's type for a ``<lanes x float>`` value, and ``(splat, load, store, scatter, fmuladd, add)``
+    on it."""
     vector = ir.VectorType(ir.FloatType(), lanes)
 
     class F32xN(types.Type):
@@ -82,6 +83,22 @@ def _vector_ops(lanes: int) -> tuple:
         return types.none(array, index, value), codegen
 
     @intrinsic
+    def scatter(typingctx, array, index, stride, value):  # noqa: ANN001, ANN202
+        """``array[index + k * stride] = value[k]`` for each lane ``k``: a column of a row-major
+        matrix (a tile's sums into a token-major output)."""
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            at, step = args[1], args[2]
+            for k in range(lanes):
+                lane = builder.extract_element(args[3], ir.Constant(ir.IntType(32), k))
+                builder.store(lane, builder.gep(data, [at]))
+                at = builder.add(at, step)
+            return context.get_dummy_value()
+
+        return types.none(array, index, stride, value), codegen
+
+    @intrinsic
     def fmuladd(typingctx, acc, weight, x):  # noqa: ANN001, ANN202
         """``acc + weight * x`` lane by lane, fused where the machine has FMA (``llvm.fmuladd``)."""
 
@@ -97,8 +114,8 @@ def _vector_ops(lanes: int) -> tuple:
         """``a + b`` lane by lane."""
         return vtype(a, b), lambda context, builder, sig, args: builder.fadd(args[0], args[1])
 
-    return splat, load, store, fmuladd, add
+    return splat, load, store, scatter, fmuladd, add
 
 
-splat16, load16, store16, fmuladd16, add16 = _vector_ops(16)
-splat8, load8, store8, fmuladd8, add8 = _vector_ops(8)
+splat16, load16, store16, scatter16, fmuladd16, add16 = _vector_ops(16)
+splat8, load8, store8, scatter8, fmuladd8, add8 = _vector_ops(8)
