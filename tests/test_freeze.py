@@ -53,15 +53,16 @@ def _masks(out_f: int, in_f: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("kernel", KERNEL_NAMES)
 @pytest.mark.parametrize("tokens", [1, 3, 8, 33, 130])
-def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int) -> None:
+@pytest.mark.parametrize("in_f", [24, 100])  # rows of 100 take the vector steps of 32 and 16 and a tail
+def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int, in_f: int) -> None:
     torch.manual_seed(tokens)
-    w = torch.randn(40, 24)
+    w = torch.randn(40, in_f)
     w[0, 0] = float("nan")  # a NaN where the mask prunes never reaches an output
-    for what, mask in _masks(40, 24).items():
+    for what, mask in _masks(40, in_f).items():
         mask = mask.clone()
         mask[0, 0] = False
         p = pack(w, mask)
-        x = torch.randn(tokens, 24)
+        x = torch.randn(tokens, in_f)
         for bias in (None, torch.randn(40)):
             expected = torch.nn.functional.linear(x, torch.where(mask, w, 0.0), bias)
             got = KERNELS[kernel](p, x, bias)

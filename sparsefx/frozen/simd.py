@@ -32,8 +32,8 @@ __all__ = [
 
 
 def _vector_ops(lanes: int) -> tuple:
-    """numba's type for a ``<lanes x float>`` value, and ``(splat, load, store, scatter, fmuladd, add)``
-    on it."""
+    """numba's type for a ``<lanes x float>`` value, and ``(splat, load, store, scatter, fmuladd, add,
+    fmuladd_lanes, gather, total)`` on it."""
     vector = ir.VectorType(ir.FloatType(), lanes)
 
     class F32xN(types.Type):
@@ -110,12 +110,55 @@ def _vector_ops(lanes: int) -> tuple:
         return vtype(acc, types.float32, x), codegen
 
     @intrinsic
+    def fmuladd_lanes(typingctx, acc, weights, x):  # noqa: ANN001, ANN202
+        """``acc + weights * x``, all three vectors."""
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            fnty = ir.FunctionType(vector, [vector] * 3)
+            fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fmuladd.v{lanes}f32")
+            return builder.call(fn, [args[1], args[2], args[0]])
+
+        return vtype(acc, weights, x), codegen
+
+    @intrinsic
+    def gather(typingctx, array, indices, start):  # noqa: ANN001, ANN202
+        """``array[indices[start + k]]`` for each lane ``k`` (unsigned indices, a 1-D float32 array)."""
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            where = context.make_array(sig.args[1])(context, builder, args[1]).data
+            lanes_value = ir.Constant(vector, ir.Undefined)
+            for k in range(lanes):
+                at = builder.add(args[2], ir.Constant(args[2].type, k))
+                index = builder.zext(builder.load(builder.gep(where, [at])), ir.IntType(64))
+                element = builder.load(builder.gep(data, [index]))
+                lanes_value = builder.insert_element(lanes_value, element, ir.Constant(ir.IntType(32), k))
+            return lanes_value
+
+        return vtype(array, indices, start), codegen
+
+    @intrinsic
+    def total(typingctx, value):  # noqa: ANN001, ANN202
+        """The sum of the lanes, halved pairwise."""
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            x, n = args[0], lanes
+            while n > 1:
+                n //= 2
+                low = ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(n)))
+                high = ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(n, 2 * n)))
+                x = builder.fadd(builder.shuffle_vector(x, x, low), builder.shuffle_vector(x, x, high))
+            return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
+
+        return types.float32(value), codegen
+
+    @intrinsic
     def add(typingctx, a, b):  # noqa: ANN001, ANN202
         """``a + b`` lane by lane."""
         return vtype(a, b), lambda context, builder, sig, args: builder.fadd(args[0], args[1])
 
-    return splat, load, store, scatter, fmuladd, add
+    return splat, load, store, scatter, fmuladd, add, fmuladd_lanes, gather, total
 
 
-splat16, load16, store16, scatter16, fmuladd16, add16 = _vector_ops(16)
-splat8, load8, store8, scatter8, fmuladd8, add8 = _vector_ops(8)
+splat16, load16, store16, scatter16, fmuladd16, add16, fmuladd_lanes16, gather16, total16 = _vector_ops(16)
+splat8, load8, store8, scatter8, fmuladd8, add8, *_ = _vector_ops(8)
