@@ -70,6 +70,25 @@ def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int, i
             assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (kernel, what, bias is None)
 
 
+@pytest.mark.skipif(not NUMBA, reason="tiles is a numba kernel")
+def test_tiles_writes_an_output_of_1024_features_through_blocks() -> None:
+    """Rows 4 KiB apart would meet in one cache set: ``tiles`` writes them through a block (``BLOCKED``),
+    and the result is the same."""
+    from sparsefx.frozen.kernels import _token_layout
+    from sparsefx.frozen.loops import BLOCKED, TOKENS
+
+    assert (_token_layout(1024), _token_layout(3072), _token_layout(768), _token_layout(50257)) == (
+        BLOCKED, BLOCKED, TOKENS, TOKENS,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    w, mask, bias = torch.randn(1024, 24), torch.rand(1024, 24) < 0.3, torch.randn(1024)
+    p = pack(w, mask)
+    for tokens in (1, 8, 33):
+        x = torch.randn(tokens, 24)
+        expected = torch.nn.functional.linear(x, torch.where(mask, w, 0.0), bias)
+        assert torch.allclose(KERNELS["tiles"](p, x, bias), expected, rtol=1e-4, atol=1e-5), tokens
+
+
 @pytest.mark.parametrize("in_f", [40_000, 70_000])
 def test_wide_layers_index_their_columns_unsigned(in_f: int) -> None:
     """Up to 65,536 input features the column indices take 16 bits, read unsigned (past 32,767 a signed

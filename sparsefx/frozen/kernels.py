@@ -34,6 +34,7 @@ numba is the ``fast`` extra; without it only ``torch`` and ``dense`` are availab
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 
@@ -133,22 +134,33 @@ def _to_tiles(x: torch.Tensor, width: int) -> torch.Tensor:
     return x.reshape(tiles, width, n_in).transpose(1, 2).contiguous()
 
 
-def _run_tiles(
-    arrays: tuple, b: np.ndarray, x: torch.Tensor, out_features: int, token_major: bool
-) -> torch.Tensor:
-    """``x @ W.T + b`` for ``x[T, in]``: ``[T', out]`` where ``token_major``, else ``[out, T']``
+def _token_layout(out_features: int) -> int:
+    """``loops.TOKENS``, or ``loops.BLOCKED`` where a token-major output's rows are so far apart in
+    multiples of 4 KiB that a tile's 32 token lines meet in fewer than 4 of L1's set groups (8 lines
+    each in an 8-way cache): a scatter would evict its own lines."""
+    from .loops import BLOCKED, TOKENS
+
+    spread = 4096 // math.gcd(out_features * 4, 4096)
+    return BLOCKED if spread < 4 else TOKENS
+
+
+def _run_tiles(arrays: tuple, b: np.ndarray, x: torch.Tensor, out_features: int, layout: int) -> torch.Tensor:
+    """``x @ W.T + b`` for ``x[T, in]``: ``[out, T']`` for ``loops.COLUMNS``, else ``[T', out]``
     (``T'``: the tokens padded to whole tiles)."""
+    from .loops import COLUMNS
+
     width, loop = _tile(x.shape[0])
     x3 = _to_tiles(x, width)
     padded = x3.shape[0] * width
-    out = torch.empty((padded, out_features) if token_major else (out_features, padded))
-    _parallel(loop)(*arrays, b, x3.numpy().reshape(-1), out.numpy().reshape(-1), x.shape[1], token_major)
+    out = torch.empty((out_features, padded) if layout == COLUMNS else (padded, out_features))
+    _parallel(loop)(*arrays, b, x3.numpy().reshape(-1), out.numpy().reshape(-1), x.shape[1], layout)
     return out
 
 
 def _bind_tiles(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
-    return lambda x: _run_tiles(arrays, b, x, out_features, True)[: x.shape[0]]
+    layout = _token_layout(out_features)
+    return lambda x: _run_tiles(arrays, b, x, out_features, layout)[: x.shape[0]]
 
 
 def _bind_torch(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
@@ -213,7 +225,7 @@ def _columns_tiles(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
     arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
     def run(xt: torch.Tensor, out_t: torch.Tensor) -> None:
-        out_t.copy_(_run_tiles(arrays, b, xt.T, out_features, False)[:, : xt.shape[1]])
+        out_t.copy_(_run_tiles(arrays, b, xt.T, out_features, 0)[:, : xt.shape[1]])  # loops.COLUMNS
 
     return run
 
