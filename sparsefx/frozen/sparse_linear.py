@@ -139,14 +139,18 @@ class SparseLinear(nn.Module):
         return at
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        plan, fin = self._bound(), self.in_features
-        if x.shape[-1] != fin or x.dtype != plan.dtype or x.device.type != "cpu":
+        plan, fin, shape = self._plan, self.in_features, x.shape
+        if plan is None or plan.values is not self._buffers["weight_values"]:
+            plan = self._bound()
+        if shape[-1] != fin or x.dtype != plan.dtype or x.device.type != "cpu":
             self._refuse(x)
         tokens = x.numel() // fin
+        if tokens == 1:  # a decoding step: the fewest calls (a [1, out] result is contiguous)
+            return plan.exact[0](x.reshape(1, fin).contiguous()).reshape(*shape[:-1], self.out_features)
         if not tokens:
-            return x.new_zeros((*x.shape[:-1], self.out_features))
+            return x.new_zeros((*shape[:-1], self.out_features))
         y = self._run(plan, tokens)(x.reshape(tokens, fin).contiguous())
-        return y.reshape(*x.shape[:-1], self.out_features).contiguous()  # as nn.Linear's: contiguous
+        return y.reshape(*shape[:-1], self.out_features).contiguous()  # as nn.Linear's: contiguous
 
     def _refuse(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.in_features:
