@@ -139,6 +139,9 @@ def test_a_frozen_layer_takes_non_contiguous_broadcast_and_empty_inputs() -> Non
             assert torch.allclose(layer(x), ref(x), rtol=1e-4, atol=1e-5), choice
             x = torch.randn(1, 24).expand(6, 24)  # a broadcast row
             assert torch.allclose(layer(x), ref(x), rtol=1e-4, atol=1e-5), choice
+            for x in (torch.randn(1, 1, 24), torch.randn(7, 24)):  # a decoding step; a 2-D input
+                y = layer(x)
+                assert y.is_contiguous() and torch.allclose(y, ref(x), rtol=1e-4, atol=1e-5), choice
             assert layer(torch.randn(0, 24)).shape == (0, 40)
     with pytest.raises(FreezeError, match="takes 24 input features"):
         layer(torch.randn(2, 7))
