@@ -89,6 +89,22 @@ def test_tiles_writes_an_output_of_1024_features_through_blocks() -> None:
         assert torch.allclose(KERNELS["tiles"](p, x, bias), expected, rtol=1e-4, atol=1e-5), tokens
 
 
+@pytest.mark.skipif(not NUMBA, reason="tiles is a numba kernel")
+@pytest.mark.parametrize("tiles_a_chunk", [1, 2, 100])
+def test_tiles_takes_any_chunk_of_tiles(tiles_a_chunk: int, monkeypatch) -> None:
+    """A work item of ``tiles`` is a block of rows over a chunk of tiles: every chunk size, and a last
+    chunk cut short, give the same product."""
+    import sparsefx.frozen.kernels as kernels_module
+
+    monkeypatch.setattr(kernels_module, "CHUNK_BYTES", 24 * 32 * 4 * tiles_a_chunk)
+    torch.manual_seed(tiles_a_chunk)
+    w, mask, bias = torch.randn(70, 24), torch.rand(70, 24) < 0.3, torch.randn(70)
+    p = pack(w, mask)
+    x = torch.randn(130, 24)  # 5 tiles of 32
+    expected = torch.nn.functional.linear(x, torch.where(mask, w, 0.0), bias)
+    assert torch.allclose(KERNELS["tiles"](p, x, bias), expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("in_f", [40_000, 70_000])
 def test_wide_layers_index_their_columns_unsigned(in_f: int) -> None:
     """Up to 65,536 input features the column indices take 16 bits, read unsigned (past 32,767 a signed
@@ -371,3 +387,20 @@ def test_a_tied_lm_head_made_sparse_by_its_embeddings_name_is_packed(sparse_kern
     ids = torch.randint(0, HF_VOCAB, (3, 6))
     with torch.no_grad():
         assert torch.allclose(fast(ids).logits, sm(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_layer_dense_at_some_sizes_keeps_a_dense_copy_in_memory_not_in_its_state() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40)
+    mask = torch.rand(40, 24) < 0.2
+    layer = SparseLinear(pack(lin.weight, mask), lin.bias, ("dense", "torch", "torch", "torch", "torch"))
+    with torch.no_grad():
+        layer(torch.randn(1, 24))
+    assert "dense" in layer.packed._cache
+    assert set(layer.state_dict()) == {
+        "weight_values",
+        "weight_indices",
+        "weight_indptr",
+        "bias",
+        "kernel_choice",
+    }

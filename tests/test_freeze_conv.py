@@ -106,3 +106,18 @@ def test_a_frozen_hf_vit_equals_the_compiled_model(sparse_convs) -> None:
         expected, got = sm(pixels), fast(pixels)
     assert type(got) is type(expected)
     assert torch.allclose(got.logits, expected.logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_3d_convolution_stays_dense_and_is_named(sparse_convs) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv3d(2, 4, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(4 * 64, 3)
+    )
+    x = torch.randn(2, 2, 4, 4, 4)
+    sm = sparsefx.compile(model, {"sparsity": 0.9, "param_filter": ["*.weight"]}, (x,)).eval()
+    fast = sparsefx.freeze(sm)
+    report = {r.weight: r for r in fast.freeze_report}
+    assert "Conv3d" in report["0.weight"].why_dense and not report["0.weight"].kernels
+    assert report["2.weight"].kernels
+    with torch.no_grad():
+        assert torch.allclose(fast(x), sm(x), rtol=1e-4, atol=1e-5)

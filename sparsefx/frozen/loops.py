@@ -146,48 +146,58 @@ def _write_block(block, out, t0, tokens, o0, o1, n_out):  # pragma: no cover - c
             out[at + o0 + i] = block[src + i]
 
 
-def _tiles(indptr, indices, values, bias, x3, out, n_in, layout):  # pragma: no cover - compiled
+def _tiles(indptr, indices, values, bias, x3, out, n_in, layout, chunk):  # pragma: no cover - compiled
     """``W @ x3 + b`` tile by tile, ``x3`` being ``[tiles, n_in, TILE]`` (flat). ``out`` (flat) is
     ``[n_out, tiles * TILE]`` for ``layout`` ``COLUMNS``, else ``[tiles * TILE, n_out]`` (a linear
     layer's output): each sum scattered to its token's row (``TOKENS``) or through a block
-    (``BLOCKED``, ``_write_block``). An output row's sums for a tile
-    stay in four vectors (two nonzeros a pass, two 16-token vectors each) across all its nonzeros:
-    one load of 32 tokens and one multiply-add a vector per nonzero, the row written once."""
+    (``BLOCKED``, ``_write_block``). An output row's sums for a tile stay in four vectors (two nonzeros
+    a pass, two 16-token vectors each) across all its nonzeros: one load of 32 tokens and one
+    multiply-add a vector per nonzero, the row written once. A work item is a block of ``ROWS``
+    output rows over a chunk of ``chunk`` tiles: the chunk's inputs stay in L2 across the blocks,
+    the block's weights in L1 across the chunk (``kernels._chunk``)."""
     n_out = indptr.shape[0] - 1
     n_tiles = x3.shape[0] // (n_in * TILE)
-    n_blocks = (n_out + ROWS - 1) // ROWS
+    n_blocks, n_chunks = (n_out + ROWS - 1) // ROWS, (n_tiles + chunk - 1) // chunk
     width = np.int64(n_tiles) * TILE  # the padded tokens
-    for item in prange(n_tiles * n_blocks):  # tile-major: one tile's inputs stay in cache
-        tile, o0 = item // n_blocks, (item % n_blocks) * ROWS
-        x_at, t0 = np.int64(tile) * n_in * TILE, np.int64(tile) * TILE
+    for item in prange(n_chunks * n_blocks):  # chunk-major: a chunk's inputs stay in cache
+        c, o0 = item // n_blocks, (item % n_blocks) * ROWS
         block = np.empty(TILE * ROWS if layout == BLOCKED else 0, dtype=np.float32)
-        for o in range(o0, min(o0 + ROWS, n_out)):
-            b = bias[o] if bias.shape[0] else np.float32(0.0)
-            a0, a1 = splat16(b), splat16(b)
-            c0, c1 = splat16(np.float32(0.0)), splat16(np.float32(0.0))
-            p, hi = indptr[o], indptr[o + 1]
-            while p + 2 <= hi:
-                j0 = x_at + np.int64(indices[p]) * TILE
-                j1 = x_at + np.int64(indices[p + 1]) * TILE
-                w0, w1 = values[p], values[p + 1]
-                a0, a1 = fmuladd16(a0, w0, load16(x3, j0)), fmuladd16(a1, w0, load16(x3, j0 + 16))
-                c0, c1 = fmuladd16(c0, w1, load16(x3, j1)), fmuladd16(c1, w1, load16(x3, j1 + 16))
-                p += 2
-            if p < hi:
-                j0, w0 = x_at + np.int64(indices[p]) * TILE, values[p]
-                a0, a1 = fmuladd16(a0, w0, load16(x3, j0)), fmuladd16(a1, w0, load16(x3, j0 + 16))
-            s0, s1 = add16(a0, c0), add16(a1, c1)
-            if layout == COLUMNS:
-                store16(out, np.int64(o) * width + t0, s0)
-                store16(out, np.int64(o) * width + t0 + 16, s1)
-            elif layout == TOKENS:
-                scatter16(out, t0 * n_out + o, np.int64(n_out), s0)
-                scatter16(out, (t0 + 16) * n_out + o, np.int64(n_out), s1)
-            else:
-                scatter16(block, np.int64(o - o0), np.int64(ROWS), s0)
-                scatter16(block, np.int64(16 * ROWS + o - o0), np.int64(ROWS), s1)
-        if layout == BLOCKED:
-            _write_block(block, out, t0, TILE, o0, min(o0 + ROWS, n_out), n_out)
+        for tile in range(c * chunk, min(c * chunk + chunk, n_tiles)):  # a block's weights stay too
+            _tile(indptr, indices, values, bias, x3, out, n_in, layout, tile, o0, block, width)
+
+
+@njit(**_OPTS)
+def _tile(indptr, indices, values, bias, x3, out, n_in, layout, tile, o0, block, width):  # pragma: no cover
+    """One 32-token tile of ``_tiles`` for output rows ``o0`` to ``o0 + ROWS``."""
+    n_out = indptr.shape[0] - 1
+    x_at, t0 = np.int64(tile) * n_in * TILE, np.int64(tile) * TILE
+    for o in range(o0, min(o0 + ROWS, n_out)):
+        b = bias[o] if bias.shape[0] else np.float32(0.0)
+        a0, a1 = splat16(b), splat16(b)
+        c0, c1 = splat16(np.float32(0.0)), splat16(np.float32(0.0))
+        p, hi = indptr[o], indptr[o + 1]
+        while p + 2 <= hi:
+            j0 = x_at + np.int64(indices[p]) * TILE
+            j1 = x_at + np.int64(indices[p + 1]) * TILE
+            w0, w1 = values[p], values[p + 1]
+            a0, a1 = fmuladd16(a0, w0, load16(x3, j0)), fmuladd16(a1, w0, load16(x3, j0 + 16))
+            c0, c1 = fmuladd16(c0, w1, load16(x3, j1)), fmuladd16(c1, w1, load16(x3, j1 + 16))
+            p += 2
+        if p < hi:
+            j0, w0 = x_at + np.int64(indices[p]) * TILE, values[p]
+            a0, a1 = fmuladd16(a0, w0, load16(x3, j0)), fmuladd16(a1, w0, load16(x3, j0 + 16))
+        s0, s1 = add16(a0, c0), add16(a1, c1)
+        if layout == COLUMNS:
+            store16(out, np.int64(o) * width + t0, s0)
+            store16(out, np.int64(o) * width + t0 + 16, s1)
+        elif layout == TOKENS:
+            scatter16(out, t0 * n_out + o, np.int64(n_out), s0)
+            scatter16(out, (t0 + 16) * n_out + o, np.int64(n_out), s1)
+        else:
+            scatter16(block, np.int64(o - o0), np.int64(ROWS), s0)
+            scatter16(block, np.int64(16 * ROWS + o - o0), np.int64(ROWS), s1)
+    if layout == BLOCKED:
+        _write_block(block, out, t0, TILE, o0, min(o0 + ROWS, n_out), n_out)
 
 
 def _tiles8(indptr, indices, values, bias, x3, out, n_in, layout):  # pragma: no cover - compiled
