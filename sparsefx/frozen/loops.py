@@ -9,6 +9,9 @@ here; ``tests/test_freeze.py`` runs each against the dense product.
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -236,11 +239,16 @@ def _tiles8(indptr, indices, values, bias, x3, out, n_in, layout):  # pragma: no
             _write_block(block, out, t0, TILE8, o0, min(o0 + ROWS, n_out), n_out)
 
 
-rows = njit(**_OPTS)(_rows)
-rows_parallel = njit(parallel=True, **_OPTS)(_rows)
-rows_tokens = njit(**_OPTS)(_rows_tokens)
-rows_tokens_parallel = njit(parallel=True, **_OPTS)(_rows_tokens)
-tiles = njit(**_OPTS)(_tiles)
-tiles_parallel = njit(parallel=True, **_OPTS)(_tiles)
-tiles8 = njit(**_OPTS)(_tiles8)
-tiles8_parallel = njit(parallel=True, **_OPTS)(_tiles8)
+def _parallel(fn: Callable) -> Callable:
+    """``fn`` compiled with ``prange`` running in parallel. It is compiled from a copy under its own
+    name: numba keys its disk cache by the function's name and line, not by ``parallel``, so the serial
+    and parallel forms of one function would load each other's code (the parallel one ran serial)."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_parallel", fn.__defaults__)
+    copy.__qualname__ = f"{fn.__qualname__}_parallel"
+    return njit(parallel=True, **_OPTS)(copy)
+
+
+rows, rows_parallel = njit(**_OPTS)(_rows), _parallel(_rows)
+rows_tokens, rows_tokens_parallel = njit(**_OPTS)(_rows_tokens), _parallel(_rows_tokens)
+tiles, tiles_parallel = njit(**_OPTS)(_tiles), _parallel(_tiles)
+tiles8, tiles8_parallel = njit(**_OPTS)(_tiles8), _parallel(_tiles8)
