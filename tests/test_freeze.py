@@ -404,3 +404,15 @@ def test_a_layer_dense_at_some_sizes_keeps_a_dense_copy_in_memory_not_in_its_sta
         "bias",
         "kernel_choice",
     }
+
+
+@pytest.mark.skipif(not NUMBA, reason="the loops are numba's")
+def test_each_parallel_loop_has_its_own_disk_cache() -> None:
+    """numba keys its disk cache by a function's name and line, not by ``parallel``: a parallel loop
+    compiled from the serial one's function would load the serial code from the cache."""
+    from sparsefx.frozen import loops
+
+    for name in ("rows", "rows_tokens", "tiles", "tiles8"):
+        serial, parallel = getattr(loops, name), getattr(loops, f"{name}_parallel")
+        assert parallel.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")
+        assert serial._cache._index_name != parallel._cache._index_name, name
