@@ -415,4 +415,4 @@ def test_each_parallel_loop_has_its_own_disk_cache() -> None:
     for name in ("rows", "rows_tokens", "tiles", "tiles8"):
         serial, parallel = getattr(loops, name), getattr(loops, f"{name}_parallel")
         assert parallel.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")
-        assert serial._cache._index_name != parallel._cache._index_name, name
+        assert serial._cache._cache_file._index_name != parallel._cache._cache_file._index_name, name
