@@ -74,8 +74,8 @@ def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int, i
 def test_tiles_writes_an_output_of_1024_features_through_blocks() -> None:
     """Rows 4 KiB apart would meet in one cache set: ``tiles`` writes them through a block (``BLOCKED``),
     and the result is the same."""
-    from sparsefx.frozen.kernels import _token_layout
     from sparsefx.frozen.loops import BLOCKED, TOKENS
+    from sparsefx.frozen.tiling import token_layout as _token_layout
 
     assert (_token_layout(1024), _token_layout(3072), _token_layout(768), _token_layout(50257)) == (
         BLOCKED, BLOCKED, TOKENS, TOKENS,
@@ -94,9 +94,9 @@ def test_tiles_writes_an_output_of_1024_features_through_blocks() -> None:
 def test_tiles_takes_any_chunk_of_tiles(tiles_a_chunk: int, monkeypatch) -> None:
     """A work item of ``tiles`` is a block of rows over a chunk of tiles: every chunk size, and a last
     chunk cut short, give the same product."""
-    import sparsefx.frozen.kernels as kernels_module
+    import sparsefx.frozen.tiling as tiling_module
 
-    monkeypatch.setattr(kernels_module, "CHUNK_BYTES", 24 * 32 * 4 * tiles_a_chunk)
+    monkeypatch.setattr(tiling_module, "CHUNK_BYTES", 24 * 32 * 4 * tiles_a_chunk)
     torch.manual_seed(tiles_a_chunk)
     w, mask, bias = torch.randn(70, 24), torch.rand(70, 24) < 0.3, torch.randn(70)
     p = pack(w, mask)
@@ -416,3 +416,46 @@ def test_each_parallel_loop_has_its_own_disk_cache() -> None:
         serial, parallel = getattr(loops, name), getattr(loops, f"{name}_parallel")
         assert parallel.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")
         assert serial._cache._cache_file._index_name != parallel._cache._cache_file._index_name, name
+
+
+@pytest.mark.skipif(not NUMBA, reason="the parallel loops are numba's")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_numba_kernels_give_the_same_product_on_one_and_two_threads(threads: int) -> None:
+    from sparsefx.frozen.kernels import bind_columns
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(threads)
+        w, mask, bias = torch.randn(130, 48), torch.rand(130, 48) < 0.3, torch.randn(130)
+        p, dense = pack(w, mask), torch.where(mask, w, 0.0)
+        for tokens in (1, 8, 77):
+            x = torch.randn(tokens, 48)
+            for kernel in NUMBA_KERNELS:
+                got = KERNELS[kernel](p, x, bias)
+                assert torch.allclose(got, x @ dense.T + bias, rtol=1e-4, atol=1e-5), (kernel, tokens)
+            for kernel in ("rows", "tiles"):
+                out = torch.empty(130, tokens)
+                bind_columns(kernel, p, bias)(x.T.contiguous(), out)
+                assert torch.allclose(out, dense @ x.T + bias[:, None], rtol=1e-4, atol=1e-5), (
+                    kernel,
+                    tokens,
+                )
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_sparse_kernel_is_chosen_only_where_it_beats_dense_in_both_sets_of_rounds(monkeypatch) -> None:
+    import sparsefx.frozen.choose as choose_module
+
+    def sets(*medians: dict[str, float]):
+        answers = iter(medians)
+        return lambda run, names, calls, rounds: {k: v for k, v in next(answers).items() if k in names}
+
+    run = {"tiles": lambda: None, "torch": lambda: None, "dense": lambda: None}
+    both = sets({"tiles": 0.5, "torch": 0.9, "dense": 1.0}, {"tiles": 0.6, "torch": 0.9, "dense": 1.0})
+    monkeypatch.setattr(choose_module, "_medians", both)
+    assert choose_module.fastest(run) == "tiles"
+    one = sets({"tiles": 0.5, "torch": 0.9, "dense": 1.0}, {"tiles": 0.97, "torch": 0.99, "dense": 1.0})
+    monkeypatch.setattr(choose_module, "_medians", one)  # its mean beats dense by 26%, one set by 3%
+    assert choose_module.fastest(run) == "dense"

@@ -11,7 +11,7 @@ fastest depends on the tokens ``T`` (``choose.py`` measures):
   over tokens (one load and store of the row for four products: with one at a time the stores
   bound it). Rows are written to the token-major output 16 at a time (``loops.BLOCK``). On more
   than one thread (``torch.get_num_threads()``) the output rows are shared out.
-* ``tiles`` (numba): tokens in tiles of 32 (``loops.TILE``; of 8 for 8 tokens or fewer), each
+* ``tiles`` (numba): tokens in tiles of 32 (``tiling.TILE``; of 8 for 8 tokens or fewer), each
   tile's inputs contiguous (``[in, 32]``). An output row's sums for a tile stay in vector registers
   across its nonzeros (``simd.py``): one 32-token load and two multiply-adds a nonzero, the row
   stored once.
@@ -34,7 +34,6 @@ numba is the ``fast`` extra; without it only ``torch`` and ``dense`` are availab
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 from collections.abc import Callable
 
@@ -42,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import tiling
 from .packed import PackedWeight
 
 __all__ = ["KERNELS", "NUMBA", "available_kernels", "bind", "bind_columns", "Kernel", "ColumnKernel"]
@@ -118,60 +118,23 @@ def _bind_rows(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     return run
 
 
-def _tile(tokens: int) -> tuple[int, str]:
-    """Tokens a tile and the loop for a call of ``tokens``: 8 (``tiles8``) up to 8 tokens, else 32."""
-    from .loops import TILE, TILE8
-
-    return (TILE8, "tiles8") if tokens <= TILE8 else (TILE, "tiles")
-
-
-def _to_tiles(x: torch.Tensor, width: int) -> torch.Tensor:
-    """``x[T, in]`` as ``[tiles, in, width]``, contiguous, tokens past ``T`` zero."""
-    tokens, n_in = x.shape
-    tiles = -(-tokens // width)
-    if tiles * width != tokens:
-        x = F.pad(x, (0, 0, 0, tiles * width - tokens))
-    return x.reshape(tiles, width, n_in).transpose(1, 2).contiguous()
-
-
-def _token_layout(out_features: int) -> int:
-    """``loops.TOKENS``, or ``loops.BLOCKED`` where a token-major output's rows are so far apart in
-    multiples of 4 KiB that a tile's 32 token lines meet in fewer than 4 of L1's set groups (8 lines
-    each in an 8-way cache): a scatter would evict its own lines."""
-    from .loops import BLOCKED, TOKENS
-
-    spread = 4096 // math.gcd(out_features * 4, 4096)
-    return BLOCKED if spread < 4 else TOKENS
-
-
 def _run_tiles(arrays: tuple, b: np.ndarray, x: torch.Tensor, out_features: int, layout: int) -> torch.Tensor:
     """``x @ W.T + b`` for ``x[T, in]``: ``[out, T']`` for ``loops.COLUMNS``, else ``[T', out]``
     (``T'``: the tokens padded to whole tiles)."""
     from .loops import COLUMNS
 
-    width, loop = _tile(x.shape[0])
-    x3 = _to_tiles(x, width)
+    width, loop = tiling.tile_for(x.shape[0])
+    x3 = tiling.to_tiles(x, width)
     padded = x3.shape[0] * width
     out = torch.empty((out_features, padded) if layout == COLUMNS else (padded, out_features))
-    chunk = (_chunk(x.shape[1], width),) if loop == "tiles" else ()
+    chunk = (tiling.chunk(x.shape[1], width),) if loop == "tiles" else ()
     _parallel(loop)(*arrays, b, x3.numpy().reshape(-1), out.numpy().reshape(-1), x.shape[1], layout, *chunk)
     return out
 
 
-CHUNK_BYTES = 2**19
-"""The inputs a ``tiles`` chunk holds (half a typical 1 MiB L2): 4 tiles of 32 tokens at 768 inputs."""
-
-
-def _chunk(n_in: int, width: int) -> int:
-    """Tiles a chunk of ``tiles`` takes: as many as ``CHUNK_BYTES`` of inputs hold, at least one. Each
-    chunk reads the layer's weights once, so GPT-2's LM head (23 MB packed at 90%) at 128 tokens
-    streams them once instead of once a tile."""
-    return max(1, CHUNK_BYTES // (n_in * width * 4))
-
-
 def _bind_tiles(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
-    layout = _token_layout(out_features)
+    layout = tiling.token_layout(out_features)
     return lambda x: _run_tiles(arrays, b, x, out_features, layout)[: x.shape[0]]
 
 

@@ -32,6 +32,7 @@ from .simd import (
     store16,
     total16,
 )
+from .tiling import TILE, TILE8
 
 __all__ = [
     "spmv",
@@ -52,12 +53,6 @@ BLOCK = 16
 64-byte line a token for float32 (one row at a time would write a line per token per row, and with an
 output stride of a multiple of 4 KiB those lines fall in one cache set)."""
 
-
-TILE = 32
-"""Tokens a ``tiles`` tile: two 16-lane vectors of sums an output row."""
-
-TILE8 = 8
-"""Tokens a ``tiles8`` tile (8 tokens or fewer: one 8-lane vector an output row)."""
 
 ROWS = 64
 """Output rows a parallel work item of ``tiles`` takes."""
@@ -157,7 +152,7 @@ def _tiles(indptr, indices, values, bias, x3, out, n_in, layout, chunk):  # prag
     a pass, two 16-token vectors each) across all its nonzeros: one load of 32 tokens and one
     multiply-add a vector per nonzero, the row written once. A work item is a block of ``ROWS``
     output rows over a chunk of ``chunk`` tiles: the chunk's inputs stay in L2 across the blocks,
-    the block's weights in L1 across the chunk (``kernels._chunk``)."""
+    the block's weights in L1 across the chunk (``tiling.chunk``)."""
     n_out = indptr.shape[0] - 1
     n_tiles = x3.shape[0] // (n_in * TILE)
     n_blocks, n_chunks = (n_out + ROWS - 1) // ROWS, (n_tiles + chunk - 1) // chunk
