@@ -58,6 +58,17 @@ def _ratio(samples: dict[str, list[float]], name: str) -> Any:
     return summarize([1 / r for r in paired_ratios(samples, "dense")[name]])  # dense time / frozen time
 
 
+def _frozen_layer(lin: torch.nn.Linear, mask: torch.Tensor) -> tuple[torch.nn.Module, Any]:
+    """``lin`` with ``mask`` as ``sparsefx.freeze`` leaves it, and the kernel it runs at a token count:
+    a ``SparseLinear``, or ``lin`` itself where dense measured fastest at every size."""
+    p = pack(lin.weight, mask)
+    choice = choose(p, available_kernels(), lin.bias)
+    if set(choice) == {"dense"}:
+        return lin, lambda tokens: "dense"
+    layer = SparseLinear(p, lin.bias, choice)
+    return layer, layer.kernel
+
+
 def layer_rows(sparsity: float, rounds: int) -> list[dict[str, Any]]:
     """Each shape and token count: the frozen layer's speedup over ``nn.Linear``, and at s=0."""
     rows = []
@@ -70,10 +81,9 @@ def layer_rows(sparsity: float, rounds: int) -> list[dict[str, Any]]:
         mask = mask.reshape(fout, fin)
         with torch.no_grad():
             lin.weight.mul_(mask)
-        layers = {}
+        layers, kernel_of = {}, {}
         for name, m in (("frozen", mask), ("s=0", torch.ones_like(mask))):
-            p = pack(lin.weight, m)
-            layers[name] = SparseLinear(p, lin.bias, choose(p, available_kernels(), lin.bias))
+            layers[name], kernel_of[name] = _frozen_layer(lin, m)
         for tokens in TOKENS:
             x = torch.randn(tokens, fin)
             with torch.inference_mode():
@@ -84,7 +94,7 @@ def layer_rows(sparsity: float, rounds: int) -> list[dict[str, Any]]:
                 {
                     "shape": f"{fin}x{fout}",
                     "tokens": tokens,
-                    "kernel": layers["frozen"].kernel(tokens),
+                    "kernel": kernel_of["frozen"](tokens),
                     "speedup": _ratio(samples, "frozen").as_dict(),
                     "s0": _ratio(samples, "s=0").as_dict(),
                 }
