@@ -74,7 +74,7 @@ def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int, i
 def test_tiles_writes_an_output_of_1024_features_through_blocks() -> None:
     """Rows 4 KiB apart would meet in one cache set: ``tiles`` writes them through a block (``BLOCKED``),
     and the result is the same."""
-    from sparsefx.frozen.loops import BLOCKED, TOKENS
+    from sparsefx.frozen.tiling import BLOCKED, TOKENS
     from sparsefx.frozen.tiling import token_layout as _token_layout
 
     assert (_token_layout(1024), _token_layout(3072), _token_layout(768), _token_layout(50257)) == (

@@ -119,14 +119,12 @@ def _bind_rows(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
 
 
 def _run_tiles(arrays: tuple, b: np.ndarray, x: torch.Tensor, out_features: int, layout: int) -> torch.Tensor:
-    """``x @ W.T + b`` for ``x[T, in]``: ``[out, T']`` for ``loops.COLUMNS``, else ``[T', out]``
+    """``x @ W.T + b`` for ``x[T, in]``: ``[out, T']`` for ``tiling.COLUMNS``, else ``[T', out]``
     (``T'``: the tokens padded to whole tiles)."""
-    from .loops import COLUMNS
-
     width, loop = tiling.tile_for(x.shape[0])
     x3 = tiling.to_tiles(x, width)
     padded = x3.shape[0] * width
-    out = torch.empty((out_features, padded) if layout == COLUMNS else (padded, out_features))
+    out = torch.empty((out_features, padded) if layout == tiling.COLUMNS else (padded, out_features))
     chunk = (tiling.chunk(x.shape[1], width),) if loop == "tiles" else ()
     _parallel(loop)(*arrays, b, x3.numpy().reshape(-1), out.numpy().reshape(-1), x.shape[1], layout, *chunk)
     return out
@@ -200,7 +198,7 @@ def _columns_tiles(p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel:
     arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
     def run(xt: torch.Tensor, out_t: torch.Tensor) -> None:
-        out_t.copy_(_run_tiles(arrays, b, xt.T, out_features, 0)[:, : xt.shape[1]])  # loops.COLUMNS
+        out_t.copy_(_run_tiles(arrays, b, xt.T, out_features, tiling.COLUMNS)[:, : xt.shape[1]])
 
     return run
 

@@ -32,7 +32,7 @@ from .simd import (
     store16,
     total16,
 )
-from .tiling import TILE, TILE8
+from .tiling import BLOCKED, COLUMNS, TILE, TILE8, TOKENS
 
 __all__ = [
     "spmv",
@@ -56,10 +56,6 @@ output stride of a multiple of 4 KiB those lines fall in one cache set)."""
 
 ROWS = 64
 """Output rows a parallel work item of ``tiles`` takes."""
-
-COLUMNS, TOKENS, BLOCKED = 0, 1, 2
-"""How ``tiles`` writes its output (``layout``): ``[out, tokens]``; ``[tokens, out]`` a sum at a
-time; ``[tokens, out]`` through a block of ``ROWS`` rows (``_write_block``)."""
 
 
 @njit(**_OPTS)

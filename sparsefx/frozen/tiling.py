@@ -21,13 +21,28 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["tile_for", "to_tiles", "token_layout", "chunk", "CHUNK_BYTES", "TILE", "TILE8"]
+__all__ = [
+    "tile_for",
+    "to_tiles",
+    "token_layout",
+    "chunk",
+    "CHUNK_BYTES",
+    "TILE",
+    "TILE8",
+    "COLUMNS",
+    "TOKENS",
+    "BLOCKED",
+]
 
 TILE = 32
 """Tokens a ``tiles`` tile: two 16-lane vectors of sums an output row."""
 
 TILE8 = 8
 """Tokens a ``tiles8`` tile (a call of 8 tokens or fewer: one 8-lane vector an output row)."""
+
+COLUMNS, TOKENS, BLOCKED = 0, 1, 2
+"""How ``tiles`` writes its output (``layout``): ``[out, tokens]``; ``[tokens, out]`` a sum at a
+time; ``[tokens, out]`` through a block of rows (``loops._write_block``)."""
 
 
 def tile_for(tokens: int) -> tuple[int, str]:
@@ -45,11 +60,9 @@ def to_tiles(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def token_layout(out_features: int) -> int:
-    """``loops.TOKENS``, or ``loops.BLOCKED`` where a token-major output's rows are so far apart in
+    """``TOKENS``, or ``BLOCKED`` where a token-major output's rows are so far apart in
     multiples of 4 KiB that a tile's 32 token lines meet in fewer than 4 of L1's set groups (8 lines
     each in an 8-way cache): a scatter would evict its own lines."""
-    from .loops import BLOCKED, TOKENS  # needs numba, as the kernel that asks does
-
     spread = 4096 // math.gcd(out_features * 4, 4096)
     return BLOCKED if spread < 4 else TOKENS
 
