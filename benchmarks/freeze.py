@@ -8,7 +8,7 @@ the median of the per-round ratios (dense time over frozen time) with its 95% in
 * per layer, GPT-2 small's four shapes at 90%: >= 3.5x at 32, 128, 512 and 1024 tokens and
   >= 2.5x at 1 and 8 tokens, one thread;
 * the whole untied GPT-2 small with every linear layer sparse (its LM head too), 128 tokens, batch 1
-  and 8: >= 3x on one thread, >= 2.5x on two;
+  and 8: >= 3x on one thread, >= 2.5x on two (a one-token step, as in decoding, reported beside);
 * at 50% never slower than dense (a ratio whose interval reaches 1.0 passes).
 
 Each figure has the same frozen path at sparsity 0 beside it (``s=0``): what comes from sparsity,
@@ -49,6 +49,7 @@ SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]  # GPT-2 small's (i
 TOKENS = (1, 8, 32, 128, 512, 1024)
 LINEAR = ["*.attn.*.weight", "*.mlp.*.weight", "lm_head.weight"]  # every linear layer, the LM head too
 ROUNDS = 7
+CASES = ((1, 128), (8, 128), (1, 1))  # whole model: batch x tokens (the last a one-token decode step)
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- freeze:start -->", "<!-- freeze:end -->"
 COMMAND = ".venv/bin/python benchmarks/freeze.py --readme"
@@ -104,7 +105,7 @@ def layer_rows(sparsity: float, rounds: int) -> list[dict[str, Any]]:
 
 
 def model_rows(sparsity: float, rounds: int, threads: tuple[int, ...]) -> list[dict[str, Any]]:
-    """The whole GPT-2 small, 128 tokens, batch 1 and 8: frozen against the original module."""
+    """The whole GPT-2 small at each of ``CASES``: frozen against the original module."""
     from run import gpt  # benchmarks/run.py's pinned GPT (untied LM head)
 
     model, _ = gpt(12, 50257)
@@ -122,8 +123,8 @@ def model_rows(sparsity: float, rounds: int, threads: tuple[int, ...]) -> list[d
     rows = []
     for n_threads in threads:
         torch.set_num_threads(n_threads)
-        for batch in (1, 8):
-            x = torch.randint(0, 50257, (batch, 128))
+        for batch, tokens in CASES:
+            x = torch.randint(0, 50257, (batch, tokens))
             with torch.inference_mode():
                 out, expected = frozen["frozen"](x), frozen["frozen sm"](x)
                 torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
@@ -137,12 +138,16 @@ def model_rows(sparsity: float, rounds: int, threads: tuple[int, ...]) -> list[d
                 {
                     "threads": n_threads,
                     "batch": batch,
+                    "tokens": tokens,
                     "dense_s": summarize(samples["dense"]).median,
                     "speedup": _ratio(samples, "frozen").as_dict(),
                     "s0": _ratio(samples, "s=0").as_dict(),
                 }
             )
-            print(f"  batch {batch}, {n_threads} thread(s): {rows[-1]['speedup']['median']:.2f}x", flush=True)
+            print(
+                f"  {batch} x {tokens} tokens, {n_threads} thread(s): {rows[-1]['speedup']['median']:.2f}x",
+                flush=True,
+            )
     torch.set_num_threads(1)
     f = frozen["frozen"]
     info = {
@@ -185,17 +190,19 @@ def markdown(out: dict[str, Any]) -> str:
             lines.append(f"| {shape} | {float(s):.0%} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| whole GPT-2 small, 128 tokens | sparsity | threads | batch 1 | batch 8 | freeze | size |",
+        "| whole GPT-2 small | sparsity | threads | "
+        + " | ".join(f"{b} x {t} tokens" for b, t in CASES)
+        + " | freeze | size |",
+        "|---|---|---|" + "---|" * len(CASES) + "---|---|",
     ]
-    lines += ["|---|---|---|---|---|---|---|"]
     for s, rows in out["model"].items():
         for n in dict.fromkeys(r["threads"] for r in rows):
-            by = {r["batch"]: r for r in rows if r["threads"] == n}
+            by = {(r["batch"], r["tokens"]): r for r in rows if r["threads"] == n}
             r0 = rows[0]
             size = f"{r0['frozen_bytes'] / 1e6:.0f} MB of {r0['dense_bytes'] / 1e6:.0f} MB"
-            b1, b8 = by[1]["speedup"]["median"], by[8]["speedup"]["median"]
+            cells = " | ".join(f"{by[c]['speedup']['median']:.2f}x" for c in CASES)
             lines.append(
-                f"| every linear layer, LM head too | {float(s):.0%} | {n} | {b1:.2f}x | {b8:.2f}x "
+                f"| every linear layer, LM head too | {float(s):.0%} | {n} | {cells} "
                 f"| {r0['freeze_s']:.1f} s | {size} |"
             )
     return "\n".join(lines)
@@ -234,13 +241,15 @@ def main(argv: list[str] | None = None) -> int:
             rows = out["model"][str(s)] = model_rows(s, max(5, args.rounds - 2), threads)
             table = []
             for r in rows:
-                target = 3.0 if r["threads"] == 1 else 2.5
-                ok = r["speedup"]["median"] >= target if s == 0.9 else None
+                target = (3.0 if r["threads"] == 1 else 2.5) if r["tokens"] == 128 else None
+                med, hi = r["speedup"]["median"], r["speedup"]["ci_high"]
+                ok = (med >= target if target else None) if s == 0.9 else (hi >= 1.0 if s == 0.5 else None)
+                want = (f">= {target}x" if target else "report") if s == 0.9 else "never slower"
                 table.append(
-                    [str(r["threads"]), str(r["batch"]), f"{r['dense_s'] * 1e3:.0f} ms", _x(r["speedup"]),
-                     _x(r["s0"]), f">= {target}x" if s == 0.9 else "report", _verdict(ok)]
+                    [str(r["threads"]), f"{r['batch']} x {r['tokens']}", f"{r['dense_s'] * 1e3:.0f} ms",
+                     _x(r["speedup"]), _x(r["s0"]), want if s in (0.5, 0.9) else "report", _verdict(ok)]
                 )  # fmt: skip
-            cols = ["threads", "batch x 128", "dense", "frozen / dense", "s=0 path", "target", ""]
+            cols = ["threads", "batch x tokens", "dense", "frozen / dense", "s=0 path", "target", ""]
             r0 = rows[0]
             print_table(
                 f"GPT-2 small at {s:.0%} (LM head too): frozen in {r0['freeze_s']:.1f} s, "

@@ -17,7 +17,7 @@ def test_bench_prints_each_packed_layer_and_the_whole_model(tmp_path: Path, caps
     import importlib
 
     choice = ("torch",) * 5  # every layer packed, whatever this machine's timings say
-    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a: choice)
+    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a, **k: choice)
     out = tmp_path / "bench.json"
     argv = ["bench", "--model", "mlp", "--config", "0.9", "--rounds", "3", "--json", str(out)]
     assert cli.main(argv) == 0
@@ -36,7 +36,7 @@ def test_freeze_writes_a_state_a_weights_only_load_reads_back(tmp_path: Path, ca
     import importlib
 
     choice = ("torch",) * 5  # packed, so the state holds packed weights
-    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a: choice)
+    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a, **k: choice)
     path = tmp_path / "frozen.pt"
     assert (
         cli.main(["freeze", "--model", "mlp", "--config", "0.9", "--backend", "torch", "-o", str(path)]) == 0

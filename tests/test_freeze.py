@@ -5,9 +5,12 @@ generation, round-trips its state through ``torch.load(weights_only=True)``, and
 from __future__ import annotations
 
 import io
+import itertools
+from collections.abc import Callable
 
 import pytest
 import torch
+from torch import nn
 
 import sparsefx
 from conftest import HF_VOCAB, tiny_bert_config, tiny_gpt2_config, tiny_llama_config
@@ -28,7 +31,7 @@ def sparse_kernels(monkeypatch) -> tuple[str, ...]:
     import importlib
 
     choice = ("spmv", "torch", "rows", "rows", "rows") if NUMBA else ("torch",) * len(BUCKETS)
-    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a: choice)
+    monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a, **k: choice)
     return choice
 
 
@@ -359,7 +362,7 @@ def test_a_layer_no_sparse_kernel_beats_stays_the_original_module(monkeypatch) -
     import importlib
 
     monkeypatch.setattr(
-        importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a: ("dense",) * 5
+        importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a, **k: ("dense",) * 5
     )
     sm = sparsefx.compile(torch.nn.Sequential(torch.nn.Linear(16, 16)), 0.5).eval()
     fast = sparsefx.freeze(sm)
@@ -450,7 +453,7 @@ def test_a_sparse_kernel_is_chosen_only_where_it_beats_dense_in_both_sets_of_rou
 
     def sets(*medians: dict[str, float]):
         answers = iter(medians)
-        return lambda run, names, calls, rounds: {k: v for k, v in next(answers).items() if k in names}
+        return lambda run, names, calls, rounds, cold: {k: v for k, v in next(answers).items() if k in names}
 
     run = {"tiles": lambda: None, "torch": lambda: None, "dense": lambda: None}
     both = sets({"tiles": 0.5, "torch": 0.9, "dense": 1.0}, {"tiles": 0.6, "torch": 0.9, "dense": 1.0})
@@ -459,3 +462,64 @@ def test_a_sparse_kernel_is_chosen_only_where_it_beats_dense_in_both_sets_of_rou
     one = sets({"tiles": 0.5, "torch": 0.9, "dense": 1.0}, {"tiles": 0.97, "torch": 0.99, "dense": 1.0})
     monkeypatch.setattr(choose_module, "_medians", one)  # its mean beats dense by 26%, one set by 3%
     assert choose_module.fastest(run) == "dense"
+
+
+def _traced(log: list[str]) -> dict[str, Callable[[], None]]:
+    return {k: (lambda k=k: log.append(k)) for k in ("tiles", "dense")}
+
+
+def test_a_cold_sample_is_one_call_after_the_cache_is_emptied(monkeypatch) -> None:
+    """Timed cold, every sample of every kernel is one call with ``cache.evict`` just before it."""
+    import sparsefx.frozen.cache as cache_module
+    import sparsefx.frozen.choose as choose_module
+
+    log: list[str] = []
+    monkeypatch.setattr(cache_module, "evict", lambda: log.append("evict"))
+    choose_module.fastest(_traced(log), rounds=3, cold=True)
+    warmup = log[:4]  # a call each, then one call each to size its samples
+    assert warmup == ["tiles", "tiles", "dense", "dense"]
+    samples = log[4:]
+    assert len(samples) == 2 * (3 * 2 + 3 * 2)  # two sets of 3 rounds, two kernels (both finalists)
+    assert samples[::2] == ["evict"] * (len(samples) // 2) and "evict" not in samples[1::2]
+
+
+def test_a_warm_sample_starts_after_an_untimed_call(monkeypatch) -> None:
+    """Timed warm, a sample's calls follow one untimed call of the same kernel, never another's."""
+    import sparsefx.frozen.cache as cache_module
+    import sparsefx.frozen.choose as choose_module
+
+    log: list[str] = []
+    monkeypatch.setattr(cache_module, "evict", lambda: log.append("evict"))
+    monkeypatch.setattr(choose_module, "SAMPLE", 0.0)  # one timed call a sample
+    choose_module.fastest(_traced(log), rounds=3)
+    assert "evict" not in log and log.count("tiles") == log.count("dense") == 2 + 2 * 3 * 2
+    runs = [len(list(g)) for _, g in itertools.groupby(log[4:])]
+    assert all(n % 2 == 0 for n in runs)  # each sample: the untimed call, then the timed one
+
+
+def test_sysfs_cache_sizes_are_read_as_bytes() -> None:
+    from sparsefx.frozen import cache
+
+    assert [cache._parse(s) for s in ("32768K\n", "1M", "512", "2G")] == [2**25, 2**20, 512, 2**31]
+    assert cache.last_level_bytes() >= 2**20
+
+
+@pytest.mark.parametrize(("cache_bytes", "cold"), [(2**40, False), (2**10, True)])
+def test_a_model_larger_than_the_cache_times_its_kernels_cold(monkeypatch, cache_bytes, cold) -> None:
+    """freeze times kernels cold exactly where the model's weights exceed the last-level cache."""
+    import importlib
+
+    import sparsefx.frozen.cache as cache_module
+
+    freeze_module = importlib.import_module("sparsefx.frozen.freeze")
+    seen: list[bool] = []
+
+    def choose(*args, cold=False, **kwargs):
+        seen.append(cold)
+        return ("dense",) * len(BUCKETS)
+
+    monkeypatch.setattr(freeze_module, "choose", choose)
+    monkeypatch.setattr(cache_module, "last_level_bytes", lambda: cache_bytes)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    fast = sparsefx.freeze(sparsefx.compile(model, 0.9).eval())
+    assert fast.timed_cold is cold and seen == [cold]  # one measurement: the layers share a shape

@@ -67,8 +67,8 @@ def sparse_convs(monkeypatch) -> None:
     freeze_module = importlib.import_module("sparsefx.frozen.freeze")
     linear = ("spmv", "torch", "rows", "rows", "rows") if NUMBA else ("torch",) * 5
     conv = ("torch", "rows", "rows", "torch", "rows") if NUMBA else ("torch",) * 5
-    monkeypatch.setattr(freeze_module, "choose", lambda *a: linear)
-    monkeypatch.setattr(freeze_module, "choose_conv", lambda *a: conv)
+    monkeypatch.setattr(freeze_module, "choose", lambda *a, **k: linear)
+    monkeypatch.setattr(freeze_module, "choose_conv", lambda *a, **k: conv)
 
 
 @pytest.mark.parametrize("name", ["cnn", "conv1d"])

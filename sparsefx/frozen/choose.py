@@ -1,15 +1,15 @@
 """Which kernel a frozen layer runs, by tokens: measured on this machine when the model is frozen.
 
-For each token count in ``BUCKETS`` the candidates (``kernels.available_kernels``) run on random
-inputs in interleaved rounds, each sample ``SAMPLE`` seconds of calls. The two fastest are timed again
-with dense and the two sets averaged (a burst of load on a shared machine can flip one set). ``dense``
-is always a candidate and a sparse kernel wins only by ``MARGIN``, in each set, so a layer whose
-sparse kernels are not clearly faster at some size stays dense there (a one-token call at 50% moves
-three quarters of dense's bytes: the two are within the machine's noise). A call takes the choice of
-the largest bucket at or below its tokens, but dense between it and a next bucket that chose dense
-(``kernel_for``). Where a layer's dense work at a bucket is past ``BUDGET`` multiply-accumulates (an
-LM head at 512 tokens), its first output rows are timed, as many as the budget holds. Layers of one
-shape and density share one measurement (``freeze.py``)::
+For each token count in ``BUCKETS`` the candidates (``kernels.available_kernels``) run on random inputs in
+interleaved rounds, each sample ``SAMPLE`` seconds of calls after an untimed one, or, for a model larger
+than the cache (``cold``), one call after the cache is emptied (``cache.py``). The two fastest are timed
+again with dense and the two sets averaged (a burst of load on a shared machine can flip one set).
+``dense`` is always a candidate and a sparse kernel wins only by ``MARGIN``, in each set, so a layer whose
+sparse kernels are not clearly faster at some size stays dense there. A call takes the choice of the
+largest bucket at or below its tokens, but dense between it and a next bucket that chose dense
+(``kernel_for``). Where a layer's dense work at a bucket is past ``BUDGET`` multiply-accumulates (an LM
+head at 512 tokens), its first output rows are timed, as many as the budget holds. Layers of one shape
+and density share one measurement (``freeze.py``)::
 
     >>> kernel_for(("spmv", "torch", "torch", "rows", "rows"), 1), kernel_for(("spmv", "torch"), 20)
     ('spmv', 'torch')
@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from . import cache
 from .kernels import bind
 from .packed import PackedWeight
 
@@ -80,28 +81,38 @@ def _rows(p: PackedWeight, n: int) -> PackedWeight:
     return PackedWeight(p.values[:end], p.indices[:end], p.indptr[: n + 1].clone(), p.in_features)
 
 
+def _sample(fn: Callable[[], object], calls: int, cold: bool) -> float:
+    """Seconds a call of ``fn``: one call with the cache emptied first (``cold``), else ``calls``
+    calls after an untimed one (which brings back what the other kernels' samples evicted)."""
+    if cold:
+        cache.evict()
+        return _time(fn, 1)
+    fn()
+    return _time(fn, calls)
+
+
 def _medians(
-    run: dict[str, Callable[[], object]], names: Sequence[str], calls: dict[str, int], rounds: int
+    run: dict[str, Callable[[], object]], names: Sequence[str], calls: dict[str, int], rounds: int, cold: bool
 ) -> dict[str, float]:
     """Each call's median seconds over ``rounds`` interleaved rounds, the order rotated each."""
     names = list(names)
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            times[k].append(_time(run[k], calls[k]))
+            times[k].append(_sample(run[k], calls[k], cold))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def fastest(run: dict[str, Callable[[], object]], *, rounds: int = ROUNDS) -> str:
+def fastest(run: dict[str, Callable[[], object]], *, rounds: int = ROUNDS, cold: bool = False) -> str:
     """The name of the fastest call of ``run`` (one of them is ``"dense"``), measured as the module
     docstring says: dense unless another is below ``MARGIN`` of it in both sets of rounds."""
     calls = {}
     for k, fn in run.items():  # warm-up (numba compiles, MKL sets up), then enough calls for SAMPLE seconds
         fn()
         calls[k] = max(1, min(1000, round(SAMPLE / max(_time(fn, 1), 1e-7))))
-    first = _medians(run, list(run), calls, rounds)
+    first = _medians(run, list(run), calls, rounds, cold)
     finalists = list(dict.fromkeys([*sorted(run, key=first.__getitem__)[:2], "dense"]))
-    again = _medians(run, finalists, calls, rounds)  # the two fastest and dense, timed again
+    again = _medians(run, finalists, calls, rounds, cold)  # the two fastest and dense, timed again
     median = {k: (first[k] + again[k]) / 2 for k in finalists}
     best = min(finalists, key=median.__getitem__)
     wins = all(times[best] < MARGIN * times["dense"] for times in (first, again))
@@ -109,11 +120,17 @@ def fastest(run: dict[str, Callable[[], object]], *, rounds: int = ROUNDS) -> st
 
 
 def choose(
-    p: PackedWeight, candidates: Sequence[str], bias: torch.Tensor | None = None, *, rounds: int = ROUNDS
+    p: PackedWeight,
+    candidates: Sequence[str],
+    bias: torch.Tensor | None = None,
+    *,
+    rounds: int = ROUNDS,
+    cold: bool = False,
 ) -> tuple[str, ...]:
     """The fastest of ``candidates`` for ``p`` (and ``bias``, as the layer adds it) at each bucket
-    (``spmv`` only up to 8 tokens). The sparse kernels take float32; a weight of another dtype stays
-    dense (torch's CSR product has no bfloat16 kernel on the CPU)."""
+    (``spmv`` only up to 8 tokens), each call timed cold where ``cold`` (module docstring). The sparse
+    kernels take float32; a weight of another dtype stays dense (torch's CSR product has no bfloat16
+    kernel on the CPU)."""
     if p.values.dtype != torch.float32:
         return ("dense",) * len(BUCKETS)
     gen = torch.Generator().manual_seed(0)
@@ -123,5 +140,6 @@ def choose(
         x = torch.randn(tokens, p.in_features, generator=gen, dtype=p.values.dtype)
         b = None if bias is None else bias.detach()[: q.out_features]
         names = [k for k in candidates if k != "spmv" or tokens <= 8]
-        choice.append(fastest({k: functools.partial(bind(k, q, b), x) for k in names}, rounds=rounds))
+        run = {k: functools.partial(bind(k, q, b), x) for k in names}
+        choice.append(fastest(run, rounds=rounds, cold=cold))
     return tuple(choice)

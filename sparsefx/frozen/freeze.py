@@ -1,15 +1,16 @@
 """``sparsefx.freeze``: a compiled model as an inference module on sparse CPU kernels.
 
-``freeze(sm)`` copies the module tree ``sm`` runs (its weights as they are now, pruned entries
-zero), and replaces each linear layer whose weight is sparse (``nn.Linear``, Hugging Face's
-``Conv1D``) with a ``SparseLinear``, and each such ``Conv1d`` and ``Conv2d`` (one group) with a
-``SparseConv``: the weight packed once (``packed.py``), and for each bucket of tokens (output
-positions, for a convolution) the kernel that measured fastest here (``choose.py``), dense where no
-sparse kernel is faster. The model runs its own eager forward, so it takes any batch and length,
-keeps its control flow and returns its own output types; a Hugging Face causal LM still
-``generate``s with its cache. Other sparse weights (a grouped or 3-d convolution, a weight read by a
-matmul), and a layer no sparse kernel runs faster at any size, keep their masked dense values (and
-the original module) and are named in ``freeze_report``::
+``freeze(sm)`` copies the module tree ``sm`` runs (its weights as they are now, pruned entries zero), and
+replaces each linear layer whose weight is sparse (``nn.Linear``, Hugging Face's ``Conv1D``) with a
+``SparseLinear``, and each such ``Conv1d`` and ``Conv2d`` (one group) with a ``SparseConv``: the weight
+packed once (``packed.py``), and for each bucket of tokens (output positions, for a convolution) the
+kernel that measured fastest here (``choose.py``), dense where no sparse kernel is faster; each timed as
+the model will run it, from cache or, for a model larger than the last-level cache, from memory
+(``cache.py``). The model runs its own eager forward, so it takes any batch and length, keeps its control
+flow and returns its own output types; a Hugging Face causal LM still ``generate``s with its cache. Other
+sparse weights (a grouped or 3-d convolution, a weight read by a matmul), and a layer no sparse kernel
+runs faster at any size, keep their masked dense values (and the original module) and are named in
+``freeze_report``::
 
     >>> import torch, sparsefx
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -40,7 +41,7 @@ from torch import nn
 
 from sparsefx.errors import FreezeError
 
-from . import kernels
+from . import cache, kernels
 from .choose import choose
 from .packed import PackedWeight, pack
 from .sparse_conv import CONV_BUCKETS, SparseConv, choose_conv, conv_refusal
@@ -68,11 +69,14 @@ class LayerReport:
 class FrozenModel(nn.Module):
     """An inference module: ``module`` with its sparse linear layers on sparse kernels (``freeze``)."""
 
-    def __init__(self, module: nn.Module, report: list[LayerReport], seconds: float) -> None:
+    def __init__(
+        self, module: nn.Module, report: list[LayerReport], seconds: float, cold: bool = False
+    ) -> None:
         super().__init__()
         self.module = module
         self.freeze_report = report
         self.freeze_seconds = seconds
+        self.timed_cold = cold  # kernels timed reading weights from memory (a model larger than the cache)
         super().train(False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -160,8 +164,8 @@ def _replace(tree: nn.Module, path: str, layer: nn.Module) -> None:
 class _Packer:
     """Packs one sparse weight of ``tree`` at a time into the layers that read it (``freeze``)."""
 
-    def __init__(self, tree: nn.Module, candidates: list[str]) -> None:
-        self.tree, self.candidates = tree, candidates
+    def __init__(self, tree: nn.Module, candidates: list[str], cold: bool) -> None:
+        self.tree, self.candidates, self.cold = tree, candidates, cold
         self.chosen: dict[tuple, tuple[str, ...]] = {}  # one measurement per shape, geometry and density
 
     def pack(self, name: str, mask: torch.Tensor) -> LayerReport:
@@ -190,7 +194,7 @@ class _Packer:
         p = pack(weight.T if transposed else weight, mask.T if transposed else mask)
         key = ("linear", p.out_features, p.in_features, round(p.density, 2), p.values.dtype)
         if key not in self.chosen:
-            self.chosen[key] = choose(p, self.candidates, linears[0][1].bias)
+            self.chosen[key] = choose(p, self.candidates, linears[0][1].bias, cold=self.cold)
         picked = self.chosen[key]
         if set(picked) == {"dense"}:
             return self._dense(row, p)
@@ -207,7 +211,7 @@ class _Packer:
         key = ("conv", tuple(weight.shape), geometry, first.padding_mode, round(p.density, 2), p.values.dtype)
         if key not in self.chosen:
             probe = SparseConv(first, p, ("dense",) * len(CONV_BUCKETS))
-            self.chosen[key] = choose_conv(probe, self.candidates)
+            self.chosen[key] = choose_conv(probe, self.candidates, cold=self.cold)
         picked = self.chosen[key]
         if set(picked) == {"dense"}:
             return self._dense(row, p)
@@ -240,7 +244,8 @@ def freeze(
     t0 = time.perf_counter()
     masks = {name: m.detach().to("cpu") for name, m in sm.masks.items()}
     tree = _copy_tree(sm)
-    packer = _Packer(tree, kernels.available_kernels(backend))
+    cold = model_bytes(tree) > cache.last_level_bytes()
+    packer = _Packer(tree, kernels.available_kernels(backend), cold)
     report: list[LayerReport] = []
     for i, (name, mask) in enumerate(masks.items()):
         if on_layer is not None:
@@ -248,7 +253,13 @@ def freeze(
         report.append(packer.pack(name, mask))
     if not kernels.NUMBA and backend == "auto":
         report_missing_numba()
-    return FrozenModel(tree.eval(), report, time.perf_counter() - t0)
+    return FrozenModel(tree.eval(), report, time.perf_counter() - t0, cold)
+
+
+def model_bytes(tree: nn.Module) -> int:
+    """Bytes of ``tree``'s parameters and buffers, each tensor once (a tied weight is one)."""
+    tensors = {id(t): t for t in (*tree.parameters(), *tree.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 _warned = False

@@ -145,10 +145,11 @@ def _probe(layer: SparseConv, positions: int) -> torch.Tensor:
     return torch.randn(1, layer.in_channels, *sizes, generator=gen, dtype=layer.weight_values.dtype)
 
 
-def choose_conv(layer: SparseConv, candidates: Sequence[str]) -> tuple[str, ...]:
+def choose_conv(layer: SparseConv, candidates: Sequence[str], *, cold: bool = False) -> tuple[str, ...]:
     """The fastest of ``candidates`` for ``layer`` at each of ``CONV_BUCKETS``, the dense convolution
-    among them, measured as ``choose.fastest`` does. A bucket past ``BUDGET`` dense multiply-adds takes
-    the choice of the largest one measured (a wide layer at 4096 positions would take seconds a call)."""
+    among them, measured as ``choose.fastest`` does (cold or not). A bucket past ``BUDGET`` dense
+    multiply-adds takes the choice of the largest one measured (a wide layer at 4096 positions would
+    take seconds a call)."""
     if layer.weight_values.dtype != torch.float32:
         return ("dense",) * len(CONV_BUCKETS)
     p, bias = layer.packed, layer.bias
@@ -161,5 +162,5 @@ def choose_conv(layer: SparseConv, candidates: Sequence[str]) -> tuple[str, ...]
         x = _probe(layer, positions)
         run = {k: functools.partial(layer.conv, x, b) for k, b in bound.items()}
         run["dense"] = functools.partial(layer.conv, x, None)
-        choice.append(fastest(run))
+        choice.append(fastest(run, cold=cold))
     return tuple(choice)
