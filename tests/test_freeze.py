@@ -16,12 +16,12 @@ import sparsefx
 from conftest import HF_VOCAB, tiny_bert_config, tiny_gpt2_config, tiny_llama_config
 from sparsefx.errors import FreezeError
 from sparsefx.frozen.choose import BUCKETS, kernel_for
-from sparsefx.frozen.kernels import KERNELS, NUMBA, NUMBA_KERNELS, available_kernels
+from sparsefx.frozen.kernels import KERNELS, NUMBA, NUMBA_KERNELS, available_kernels, runs_here, stand_in
 from sparsefx.frozen.packed import pack
 from sparsefx.frozen.sparse_linear import SparseLinear
 from sparsefx.models.registry import build_model
 
-KERNEL_NAMES = [k for k in KERNELS if k not in NUMBA_KERNELS or NUMBA]
+KERNEL_NAMES = [k for k in KERNELS if runs_here(k)]
 
 
 @pytest.fixture
@@ -56,7 +56,8 @@ def _masks(out_f: int, in_f: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("kernel", KERNEL_NAMES)
 @pytest.mark.parametrize("tokens", [1, 3, 8, 33, 130])
-@pytest.mark.parametrize("in_f", [24, 100])  # rows of 100 take the vector steps of 32 and 16 and a tail
+@pytest.mark.parametrize("in_f", [24, 64, 100])  # rows of 100: spmv's vector steps and a tail; lookup's
+# blocks of 32 inputs: one cut short (24), two whole (64), three and a short one (100)
 def test_each_kernel_equals_the_masked_dense_product(kernel: str, tokens: int, in_f: int) -> None:
     torch.manual_seed(tokens)
     w = torch.randn(40, in_f)
@@ -186,12 +187,13 @@ def test_kernel_for_takes_the_largest_bucket_at_or_below_the_tokens() -> None:
     layer = SparseLinear(pack(lin.weight, torch.ones(4, 6, dtype=torch.bool)), lin.bias, choice)
     ran: list[str] = []
     layer._bind = lambda name, p, b: lambda x: ran.append(name) or KERNELS[name](p, x, b)
+    layer._bind_one = lambda name, p, b: lambda x: ran.append(name) or KERNELS[name](p, x.reshape(1, -1), b)
     with torch.no_grad():
         for tokens in (1, 2, 8, 9, 32, 200, 512, 4096):
             x = torch.randn(tokens, 6)
             assert torch.allclose(layer(x), lin(x), rtol=1e-4, atol=1e-5)
             want = kernel_for(choice, tokens)
-            assert ran[-1] == (want if NUMBA or want not in NUMBA_KERNELS else "torch"), tokens
+            assert ran[-1] == stand_in(want), tokens
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt-tiny", "zoo-data-dependent", "zoo-dict", "zoo-gpt2-conv1d"])
@@ -343,6 +345,52 @@ def test_without_numba_freeze_uses_torchs_kernels_and_says_so_once(monkeypatch) 
         sparsefx.freeze(sm)  # said once
 
 
+def test_a_lookup_layer_runs_spmv_where_the_machine_has_no_avx512(monkeypatch) -> None:
+    """A model frozen on an AVX-512 machine, loaded on one without: its ``lookup`` buckets run ``spmv``
+    (and ``torch`` without numba), with the same result."""
+    from sparsefx.frozen import kernels, lookup
+
+    monkeypatch.setattr(lookup, "supported", lambda: False)
+    assert "lookup" not in kernels.available_kernels()
+    torch.manual_seed(0)
+    lin = nn.Linear(40, 24)
+    mask = torch.rand(24, 40) < 0.2
+    layer = SparseLinear(pack(lin.weight, mask), lin.bias, ("lookup",) * len(BUCKETS))
+    assert layer.kernel(1) == ("spmv" if NUMBA else "torch")
+    x = torch.randn(1, 40)
+    with torch.no_grad():
+        assert torch.allclose(layer(x), nn.functional.linear(x, lin.weight * mask, lin.bias), atol=1e-5)
+
+
+def test_the_lookup_layout_holds_each_nonzero_once_in_as_many_steps_as_the_fullest_row() -> None:
+    """Decoded, ``lookup``'s layout is the masked weight exactly; each block of 16 rows by 32 inputs
+    has as many steps as its fullest row has nonzeros there."""
+    from sparsefx.frozen import lookup
+
+    torch.manual_seed(0)
+    for out_f, in_f in ((40, 100), (16, 32), (1, 1), (33, 70)):
+        w, mask = torch.randn(out_f, in_f), torch.rand(out_f, in_f) < 0.3
+        mask[0] = True  # a full row
+        layout = lookup.build(pack(w, mask))
+        groups, blocks = -(-out_f // 16), -(-in_f // 32)
+        counts = torch.zeros(groups * 16, blocks * 32, dtype=torch.long)
+        counts[:out_f, :in_f] = mask.long()
+        fullest = counts.reshape(groups, 16, blocks, 32).sum(-1).amax(1)  # [groups, blocks]
+        steps = torch.from_numpy(layout.steps.astype("int64")).reshape(groups, blocks + 1)
+        assert torch.equal(steps.diff(dim=1), fullest)
+        assert torch.equal(steps[1:, 0], steps[:-1, -1]) and int(steps[0, 0]) == 0
+        decoded = torch.zeros(groups * 16, blocks * 32)
+        values = torch.from_numpy(layout.values).reshape(-1, 16)
+        positions = torch.from_numpy(layout.positions.astype("int64")).reshape(-1, 16)
+        for g in range(groups):
+            for b in range(blocks):
+                for s in range(int(steps[g, b]), int(steps[g, b + 1])):
+                    for lane in range(16):
+                        decoded[g * 16 + lane, b * 32 + positions[s, lane]] += values[s, lane]
+        assert torch.equal(decoded[:out_f, :in_f], torch.where(mask, w, 0.0))
+        assert not decoded[out_f:].any() and not decoded[:, in_f:].any()
+
+
 def test_a_bfloat16_model_freezes_and_runs_dense_kernels() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
@@ -392,6 +440,18 @@ def test_a_tied_lm_head_made_sparse_by_its_embeddings_name_is_packed(sparse_kern
         assert torch.allclose(fast(ids).logits, sm(ids).logits, rtol=1e-4, atol=1e-5)
 
 
+def test_timing_the_kernels_leaves_nothing_in_the_layers_weight() -> None:
+    """Timing the kernels makes a dense copy and other layouts of the weight; they go with the timing,
+    so a layer holds only what its own kernels read."""
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 96)
+    p = pack(lin.weight, torch.rand(96, 256) < 0.1)
+    from sparsefx.frozen.choose import choose
+
+    choose(p, available_kernels(), lin.bias, rounds=1)
+    assert p._cache == {}
+
+
 def test_a_layer_dense_at_some_sizes_keeps_a_dense_copy_in_memory_not_in_its_state() -> None:
     torch.manual_seed(0)
     lin = torch.nn.Linear(24, 40)
@@ -434,7 +494,7 @@ def test_the_numba_kernels_give_the_same_product_on_one_and_two_threads(threads:
         p, dense = pack(w, mask), torch.where(mask, w, 0.0)
         for tokens in (1, 8, 77):
             x = torch.randn(tokens, 48)
-            for kernel in NUMBA_KERNELS:
+            for kernel in filter(runs_here, NUMBA_KERNELS):
                 got = KERNELS[kernel](p, x, bias)
                 assert torch.allclose(got, x @ dense.T + bias, rtol=1e-4, atol=1e-5), (kernel, tokens)
             for kernel in ("rows", "tiles"):

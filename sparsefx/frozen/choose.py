@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import cache
-from .kernels import bind
+from .kernels import FEW_TOKENS, bind
 from .packed import PackedWeight
 
 __all__ = ["BUCKETS", "BUDGET", "ROUNDS", "choose", "fastest", "kernel_for"]
@@ -74,9 +74,11 @@ def _time(fn: Callable[[], object], calls: int) -> float:
 
 def _rows(p: PackedWeight, n: int) -> PackedWeight:
     """``p``'s first ``n`` output rows (all of them when it has no more): every kernel's time grows
-    with the rows in proportion, so a layer too large to time whole is timed on a slice of itself."""
+    with the rows in proportion, so a layer too large to time whole is timed on a slice of itself.
+    Always a new ``PackedWeight``: what the kernels timed make of it (a dense copy, other layouts)
+    goes with it, not into the layer."""
     if n >= p.out_features:
-        return p
+        return PackedWeight(p.values, p.indices, p.indptr, p.in_features)
     end = int(p.indptr[n])
     return PackedWeight(p.values[:end], p.indices[:end], p.indptr[: n + 1].clone(), p.in_features)
 
@@ -128,9 +130,9 @@ def choose(
     cold: bool = False,
 ) -> tuple[str, ...]:
     """The fastest of ``candidates`` for ``p`` (and ``bias``, as the layer adds it) at each bucket
-    (``spmv`` only up to 8 tokens), each call timed cold where ``cold`` (module docstring). The sparse
-    kernels take float32; a weight of another dtype stays dense (torch's CSR product has no bfloat16
-    kernel on the CPU)."""
+    (``kernels.FEW_TOKENS`` only up to 8 tokens), each call timed cold where ``cold`` (module
+    docstring). The sparse kernels take float32; a weight of another dtype stays dense (torch's CSR
+    product has no bfloat16 kernel on the CPU)."""
     if p.values.dtype != torch.float32:
         return ("dense",) * len(BUCKETS)
     gen = torch.Generator().manual_seed(0)
@@ -139,7 +141,7 @@ def choose(
         q = _rows(p, max(1, BUDGET // (tokens * p.in_features)))
         x = torch.randn(tokens, p.in_features, generator=gen, dtype=p.values.dtype)
         b = None if bias is None else bias.detach()[: q.out_features]
-        names = [k for k in candidates if k != "spmv" or tokens <= 8]
+        names = [k for k in candidates if k not in FEW_TOKENS or tokens <= 8]
         run = {k: functools.partial(bind(k, q, b), x) for k in names}
         choice.append(fastest(run, rounds=rounds, cold=cold))
     return tuple(choice)

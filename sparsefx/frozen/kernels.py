@@ -6,6 +6,8 @@ lookups would show). ``KERNELS[name](packed, x, bias)`` binds and calls at once.
 fastest depends on the tokens ``T`` (``choose.py`` measures):
 
 * ``spmv`` (numba): few tokens, a gather dot product per output row and token.
+* ``lookup`` (numba, AVX-512): few tokens, the weight in blocks whose inputs are looked up in
+  registers instead of gathered (``lookup.py``).
 * ``rows`` (numba): many tokens. ``x`` is transposed once so that each input feature's tokens are
   contiguous; each output row adds ``w * x[:, j]`` for its nonzeros, four at a time, the inner loop
   over tokens (one load and store of the row for four products: with one at a time the stores
@@ -44,13 +46,28 @@ import torch.nn.functional as F
 from . import tiling
 from .packed import PackedWeight
 
-__all__ = ["KERNELS", "NUMBA", "available_kernels", "bind", "bind_columns", "Kernel", "ColumnKernel"]
+__all__ = [
+    "KERNELS",
+    "NUMBA",
+    "FEW_TOKENS",
+    "runs_here",
+    "stand_in",
+    "available_kernels",
+    "bind",
+    "bind_one",
+    "bind_columns",
+    "Kernel",
+    "ColumnKernel",
+]
 
 NUMBA = importlib.util.find_spec("numba") is not None and os.environ.get("SPARSEFX_NUMBA", "1") != "0"
 """Whether the numba kernels run: numba installed (the ``fast`` extra) and ``SPARSEFX_NUMBA`` not 0."""
 
-NUMBA_KERNELS = ["spmv", "rows", "tiles"]
-"""The kernels that need numba."""
+NUMBA_KERNELS = ["spmv", "rows", "tiles", "lookup"]
+"""The kernels that need numba (``lookup`` AVX-512 too: ``lookup.supported``)."""
+
+FEW_TOKENS = ("spmv", "lookup")
+"""The kernels that take one token at a time: timed and chosen up to 8 tokens."""
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 """A kernel bound to its weight and bias: ``x[T, in]`` (2-D, contiguous) to ``y[T, out]``."""
@@ -92,6 +109,26 @@ def _bind_spmv(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
         return torch.from_numpy(out)
 
     return run
+
+
+def _layout(p: PackedWeight, bias: torch.Tensor | None) -> tuple[np.ndarray, ...]:
+    """``p`` in ``lookup.py``'s layout (made once) and ``bias`` as it reads it."""
+    from . import lookup
+
+    if "lookup" not in p._cache:
+        p._cache["lookup"] = lookup.build(p)
+    return (*p._cache["lookup"], lookup.padded_bias(bias, p.out_features))
+
+
+def _bind_lookup(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
+    arrays, run, out_features = _layout(p, bias), _numba("lookup"), p.out_features
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        out = np.empty((x.shape[0], out_features), dtype=np.float32)
+        run(*arrays, x.numpy(), out)
+        return torch.from_numpy(out)
+
+    return kernel
 
 
 def _parallel(name: str) -> Callable:
@@ -156,7 +193,8 @@ BINDERS: dict[str, Callable[[PackedWeight, torch.Tensor | None], Kernel]] = {
     "rows": _bind_rows,
     "torch": _bind_torch,
     "dense": _bind_dense,
-    "tiles": _bind_tiles,  # last: kernel_choice stores kernels by their place here
+    "tiles": _bind_tiles,
+    "lookup": _bind_lookup,  # new ones go last: kernel_choice stores kernels by their place here
 }
 """Kernel name -> ``binder(packed, bias)`` giving the bound kernel."""
 
@@ -164,6 +202,27 @@ BINDERS: dict[str, Callable[[PackedWeight, torch.Tensor | None], Kernel]] = {
 def bind(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> Kernel:
     """Kernel ``name`` for weight ``p`` and ``bias``: a function of ``x[T, in]``."""
     return BINDERS[name](p, bias)
+
+
+def bind_one(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> Kernel:
+    """Kernel ``name`` for a call of one token, ``x[..., in]`` of any leading shape to ``y[..., out]``
+    (a decoding step). A one-token call is tens of microseconds, so its few tensor reshapes cost
+    several percent: dense takes ``x`` as it comes, ``spmv`` reshapes numpy views, not tensors."""
+    if name == "dense":
+        weight = p.dense()
+        return lambda x: F.linear(x, weight, bias)
+    if name in ("spmv", "lookup"):
+        arrays = (*_arrays(p), _bias(bias)) if name == "spmv" else _layout(p, bias)
+        loop, n_in, n_out = _numba(name), p.in_features, p.out_features
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            out = np.empty((*x.shape[:-1], n_out), dtype=np.float32)
+            loop(*arrays, x.contiguous().numpy().reshape(1, n_in), out.reshape(1, n_out))
+            return torch.from_numpy(out)
+
+        return run
+    kernel, n_in, n_out = bind(name, p, bias), p.in_features, p.out_features
+    return lambda x: kernel(x.reshape(1, n_in).contiguous()).reshape(*x.shape[:-1], n_out)
 
 
 def _call(name: str) -> Callable[..., torch.Tensor]:
@@ -220,4 +279,21 @@ def available_kernels(backend: str = "auto") -> list[str]:
     """The kernels a backend may choose from: ``"auto"`` every one that runs here, ``"torch"`` torch's own."""
     if backend == "torch":
         return ["torch", "dense"]
-    return (NUMBA_KERNELS if NUMBA else []) + ["torch", "dense"]
+    return [k for k in NUMBA_KERNELS if runs_here(k)] + ["torch", "dense"]
+
+
+def runs_here(name: str) -> bool:
+    """Whether kernel ``name`` runs on this machine (numba's need numba; ``lookup``, AVX-512)."""
+    from . import lookup
+
+    if name == "lookup":
+        return NUMBA and lookup.supported()
+    return NUMBA or name not in NUMBA_KERNELS
+
+
+def stand_in(name: str) -> str:
+    """The kernel that runs for ``name`` where ``name`` does not (a model frozen on another machine):
+    ``spmv`` for ``lookup``, ``torch`` for the other numba kernels without numba."""
+    if runs_here(name):
+        return name
+    return "spmv" if name == "lookup" and NUMBA else "torch"

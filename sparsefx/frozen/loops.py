@@ -24,6 +24,7 @@ from .simd import (
     gather16,
     load8,
     load16,
+    lookup32,
     scatter8,
     scatter16,
     splat8,
@@ -36,6 +37,7 @@ from .tiling import BLOCKED, COLUMNS, TILE, TILE8, TOKENS
 
 __all__ = [
     "spmv",
+    "lookup",
     "rows",
     "rows_parallel",
     "rows_tokens",
@@ -79,6 +81,55 @@ def spmv(indptr, indices, values, bias, x, out):  # pragma: no cover - compiled
                 s += values[p] * xt[indices[p]]
                 p += 1
             yt[o] = s
+
+
+@njit(**_OPTS)
+def lookup(ptr, positions, values, bias, x, out):  # pragma: no cover - compiled
+    """``out[t] = W @ x[t] + b`` for each token, ``W`` in ``lookup.py``'s layout: for each group of
+    16 output rows (a vector of sums) and block of 32 inputs (two vectors, looked up in registers by
+    ``lookup32``), that block's steps, each a 16-lane vector of weights and their inputs' positions in
+    the block. Four sums a group, a step each in turn (a multiply-add waits on the one before it)."""
+    n_in, n_out = x.shape[1], out.shape[1]
+    n_blocks = (n_in + 31) // 32
+    n_groups = ptr.shape[0] // (n_blocks + 1)
+    tail, spill = np.zeros(32, dtype=np.float32), np.empty(16, dtype=np.float32)
+    last = n_in - (n_blocks - 1) * 32
+    zero = splat16(np.float32(0.0))
+    for t in range(x.shape[0]):
+        xt, yt = x[t], out[t]
+        for i in range(last):  # the last block, padded with zeros to 32 inputs
+            tail[i] = xt[(n_blocks - 1) * 32 + i]
+        for g in range(n_groups):
+            a0, a1, a2, a3 = zero, zero, zero, zero
+            at = g * (n_blocks + 1)
+            for block in range(n_blocks):
+                s, e = np.int64(ptr[at + block]) * 16, np.int64(ptr[at + block + 1]) * 16
+                if s == e:
+                    continue
+                if block == n_blocks - 1:
+                    low, high = load16(tail, 0), load16(tail, 16)
+                else:
+                    low, high = load16(xt, block * 32), load16(xt, block * 32 + 16)
+                while s + 64 <= e:
+                    a0 = fmuladd_lanes16(a0, load16(values, s), lookup32(low, positions, s, high))
+                    a1 = fmuladd_lanes16(a1, load16(values, s + 16), lookup32(low, positions, s + 16, high))
+                    a2 = fmuladd_lanes16(a2, load16(values, s + 32), lookup32(low, positions, s + 32, high))
+                    a3 = fmuladd_lanes16(a3, load16(values, s + 48), lookup32(low, positions, s + 48, high))
+                    s += 64
+                if s < e:
+                    a0 = fmuladd_lanes16(a0, load16(values, s), lookup32(low, positions, s, high))
+                if s + 16 < e:
+                    a1 = fmuladd_lanes16(a1, load16(values, s + 16), lookup32(low, positions, s + 16, high))
+                if s + 32 < e:
+                    a2 = fmuladd_lanes16(a2, load16(values, s + 32), lookup32(low, positions, s + 32, high))
+            sums = add16(add16(a0, a1), add16(a2, a3))
+            o = g * 16
+            if o + 16 <= n_out:
+                store16(yt, o, add16(sums, load16(bias, o)))
+            else:  # the last group's rows past the layer's are not written
+                store16(spill, 0, add16(sums, load16(bias, o)))
+                for i in range(n_out - o):
+                    yt[o + i] = spill[i]
 
 
 @njit(**_OPTS)

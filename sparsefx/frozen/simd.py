@@ -6,7 +6,8 @@ an LLVM ``<16 x float>`` (``..16`` ops) or ``<8 x float>`` (``..8`` ops) value: 
 machine's registers (one AVX-512 or two AVX2 ones for 16 lanes, four NEON ones). The intrinsics are
 the few operations the frozen kernels need. Loads and
 stores take a 1-D float32 array and the index of the first lane; they do not check bounds (the
-kernels index packed weights that ``PackedWeight.check`` has checked). Importing this needs numba;
+kernels index packed weights that ``PackedWeight.check`` has checked). ``lookup32`` is the one
+machine-specific op (AVX-512). Importing this needs numba;
 the ops only run compiled, so their examples are the kernels themselves (``loops.tiles``).
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "store8",
     "fmuladd8",
     "add8",
+    "lookup32",
 ]
 
 
@@ -162,3 +164,22 @@ def _vector_ops(lanes: int) -> tuple:
 
 splat16, load16, store16, scatter16, fmuladd16, add16, fmuladd_lanes16, gather16, total16 = _vector_ops(16)
 splat8, load8, store8, scatter8, fmuladd8, add8, *_ = _vector_ops(8)
+
+
+@intrinsic
+def lookup32(typingctx, low, positions, start, high):  # noqa: ANN001, ANN202 - numba intrinsic
+    """Lane ``k``: lane ``positions[start + k]`` (a uint8 from 0 to 31) of the 32 floats ``low`` then
+    ``high``, two 16-lane vectors: a table lookup in registers, one AVX-512 instruction (``vpermt2ps``).
+    Only a machine with AVX-512 compiles it (``lookup.supported``)."""
+    vector, lanes32 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(32), 16)
+    bytes16 = ir.VectorType(ir.IntType(8), 16)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        data = context.make_array(sig.args[1])(context, builder, args[1]).data
+        where = builder.bitcast(builder.gep(data, [args[2]]), bytes16.as_pointer())
+        index = builder.zext(builder.load(where, align=1), lanes32)
+        fnty = ir.FunctionType(vector, [vector, lanes32, vector])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpermi2var.ps.512")
+        return builder.call(fn, [args[0], index, args[3]])
+
+    return low(low, positions, start, high), codegen

@@ -125,6 +125,9 @@ class SparseConv(SparseLinear):
     def _layout(self, dense: torch.Tensor) -> torch.Tensor:
         return dense.reshape(self.weight_shape)
 
+    def _bind_one(self, name: str, p: PackedWeight, bias: torch.Tensor | None) -> None:
+        return None  # a convolution's calls go through ``forward``'s unfolding
+
     def _bind(self, name: str, p: PackedWeight, bias: torch.Tensor | None) -> ColumnKernel | None:
         return None if name == "dense" else kernels.bind_columns(name, p, bias)
 

@@ -28,7 +28,7 @@ from sparsefx.errors import FreezeError
 
 from . import kernels
 from .choose import BUCKETS, kernel_for
-from .kernels import KERNELS, NUMBA_KERNELS, Kernel
+from .kernels import KERNELS, Kernel
 from .packed import PackedWeight
 
 __all__ = ["SparseLinear", "KERNEL_NAMES"]
@@ -105,11 +105,11 @@ class SparseLinear(nn.Module):
         return self._choice
 
     def kernel(self, tokens: int) -> str:
-        """The kernel a call of ``tokens`` rows runs (``spmv`` and ``rows`` need numba: else ``torch``)."""
+        """The kernel a call of ``tokens`` rows runs (where the chosen one does not run here, the
+        one ``kernels.stand_in`` names)."""
         if self.weight_values.dtype != torch.float32:
             return "dense"
-        name = kernel_for(self._choice, tokens, self.buckets)
-        return "torch" if name in NUMBA_KERNELS and not kernels.NUMBA else name
+        return kernels.stand_in(kernel_for(self._choice, tokens, self.buckets))
 
     def _bound(self) -> _Plan:
         """The kernels bound to the weight, one a bucket (what ``forward`` runs, looked up once)."""
@@ -120,7 +120,7 @@ class SparseLinear(nn.Module):
             between = tuple(self.kernel(b + 1) for b in self.buckets)  # above a bucket, below the next
             by_name = {name: self._bind(name, p, bias) for name in {*exact, *between}}
             runs = tuple(by_name[k] for k in exact), tuple(by_name[k] for k in between)
-            plan = self._plan = _Plan(p.values, p.values.dtype, *runs)
+            plan = self._plan = _Plan(p.values, p.values.dtype, *runs, self._bind_one(exact[0], p, bias))
         return plan
 
     def _run(self, plan: _Plan, tokens: int) -> Any:
@@ -130,6 +130,9 @@ class SparseLinear(nn.Module):
 
     def _bind(self, name: str, p: PackedWeight, bias: torch.Tensor | None) -> Any:
         return kernels.bind(name, p, bias)
+
+    def _bind_one(self, name: str, p: PackedWeight, bias: torch.Tensor | None) -> Any:
+        return kernels.bind_one(name, p, bias)
 
     def _bucket(self, tokens: int) -> int:
         """The index in ``buckets`` of the largest at or below ``tokens`` (0 below them all)."""
@@ -145,8 +148,8 @@ class SparseLinear(nn.Module):
         if shape[-1] != fin or x.dtype != plan.dtype or x.device.type != "cpu":
             self._refuse(x)
         tokens = x.numel() // fin
-        if tokens == 1:  # a decoding step: the fewest calls (a [1, out] result is contiguous)
-            return plan.exact[0](x.reshape(1, fin).contiguous()).reshape(*shape[:-1], self.out_features)
+        if tokens == 1:  # a decoding step: the fewest calls (``kernels.bind_one``)
+            return plan.one(x)
         if not tokens:
             return x.new_zeros((*shape[:-1], self.out_features))
         y = self._run(plan, tokens)(x.reshape(tokens, fin).contiguous())
@@ -177,3 +180,4 @@ class _Plan(NamedTuple):
     dtype: torch.dtype
     exact: tuple[Kernel, ...]  # bound, one a bucket, for a call of its size (a SparseConv's: column
     between: tuple[Kernel, ...]  # kernels, None for dense); for one above it, below the next
+    one: Any  # for a call of one token, of any leading shape (``kernels.bind_one``; a SparseConv's: None)
