@@ -151,11 +151,17 @@ def model_rows(sparsity: float, rounds: int, threads: tuple[int, ...]) -> list[d
     torch.set_num_threads(1)
     f = frozen["frozen"]
     info = {
+        "kernels": {name: _kernels(frozen[name]) for name in ("frozen", "s=0")},
         "freeze_s": frozen["frozen seconds"],
         "frozen_bytes": f.frozen_bytes,
         "dense_bytes": f.dense_bytes,
     }
     return [{**r, **info} for r in rows]
+
+
+def _kernels(fast: Any) -> dict[str, list[str]]:
+    """Each sparse weight's shape and the kernels it chose, by bucket (the same shape, the same choice)."""
+    return {"x".join(map(str, r.shape)): list(r.kernels) or ["dense"] for r in fast.freeze_report}
 
 
 def _verdict(ok: bool | None) -> str:

@@ -21,7 +21,11 @@ fastest depends on the tokens ``T`` (``choose.py`` measures):
 * ``dense``: ``F.linear`` on the masked dense weight, where no sparse kernel is faster.
 
 The numba kernels read the indices unsigned (uint16 or uint32, as packed): with signed ones the
-gather runs several times slower.
+gather runs several times slower. A kernel's output of more than a few tokens is a ``torch.empty``
+tensor, as a torch op's is: numpy asks the kernel for huge pages for an array past 4 MB, and where
+memory is fragmented (after a dense product of the same size) the kernel stalls to compact it:
+GPT-2's LM head at 1024 tokens and 99% ran 356 ms on ``rows`` into ``np.empty`` and 147 ms into
+``torch.empty`` (60 ms with no dense product run before).
 numba is the ``fast`` extra; without it only ``torch`` and ``dense`` are available (``NUMBA``)::
 
     >>> import torch
@@ -100,13 +104,12 @@ def _bias(b: torch.Tensor | None) -> np.ndarray:
 
 
 def _bind_spmv(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
-    indptr, indices, values = _arrays(p)
-    b, spmv, out_features = _bias(bias), _numba("spmv"), p.out_features
+    arrays, b, out_features = _arrays(p), _bias(bias), p.out_features
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        out = np.empty((x.shape[0], out_features), dtype=np.float32)
-        spmv(indptr, indices, values, b, x.numpy(), out)
-        return torch.from_numpy(out)
+        out = torch.empty((x.shape[0], out_features))
+        _parallel("spmv")(*arrays, b, x.numpy(), out.numpy())
+        return out
 
     return run
 
@@ -121,12 +124,12 @@ def _layout(p: PackedWeight, bias: torch.Tensor | None) -> tuple[np.ndarray, ...
 
 
 def _bind_lookup(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
-    arrays, run, out_features = _layout(p, bias), _numba("lookup"), p.out_features
+    arrays, out_features = _layout(p, bias), p.out_features
 
     def kernel(x: torch.Tensor) -> torch.Tensor:
-        out = np.empty((x.shape[0], out_features), dtype=np.float32)
-        run(*arrays, x.numpy(), out)
-        return torch.from_numpy(out)
+        out = torch.empty((x.shape[0], out_features))
+        _parallel("lookup")(*arrays, x.numpy(), out.numpy())
+        return out
 
     return kernel
 
@@ -148,9 +151,9 @@ def _bind_rows(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
 
     def run(x: torch.Tensor) -> torch.Tensor:
         xt = x.t().contiguous()  # each input feature's tokens contiguous (torch's copy beats numpy's)
-        out = np.empty((x.shape[0], out_features), dtype=np.float32)
-        _parallel("rows_tokens")(*arrays, b, xt.numpy(), out)
-        return torch.from_numpy(out)
+        out = torch.empty((x.shape[0], out_features))  # not np.empty: see the module docstring
+        _parallel("rows_tokens")(*arrays, b, xt.numpy(), out.numpy())
+        return out
 
     return run
 
@@ -213,10 +216,11 @@ def bind_one(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> Ke
         return lambda x: F.linear(x, weight, bias)
     if name in ("spmv", "lookup"):
         arrays = (*_arrays(p), _bias(bias)) if name == "spmv" else _layout(p, bias)
-        loop, n_in, n_out = _numba(name), p.in_features, p.out_features
+        n_in, n_out, serial = p.in_features, p.out_features, _numba(name)
 
-        def run(x: torch.Tensor) -> torch.Tensor:
+        def run(x: torch.Tensor) -> torch.Tensor:  # one token's output: too small for huge pages
             out = np.empty((*x.shape[:-1], n_out), dtype=np.float32)
+            loop = serial if torch.get_num_threads() == 1 else _parallel(name)
             loop(*arrays, x.contiguous().numpy().reshape(1, n_in), out.reshape(1, n_out))
             return torch.from_numpy(out)
 

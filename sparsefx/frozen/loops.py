@@ -37,7 +37,9 @@ from .tiling import BLOCKED, COLUMNS, TILE, TILE8, TOKENS
 
 __all__ = [
     "spmv",
+    "spmv_parallel",
     "lookup",
+    "lookup_parallel",
     "rows",
     "rows_parallel",
     "rows_tokens",
@@ -60,13 +62,12 @@ ROWS = 64
 """Output rows a parallel work item of ``tiles`` takes."""
 
 
-@njit(**_OPTS)
-def spmv(indptr, indices, values, bias, x, out):  # pragma: no cover - compiled
+def _spmv(indptr, indices, values, bias, x, out):  # pragma: no cover - compiled
     """``out[t] = W @ x[t] + b`` for each token: a gather dot product per output row, 16 nonzeros a
     step in two vector sums (values loaded as a vector, inputs gathered), the rest one at a time."""
     for t in range(x.shape[0]):
         xt, yt = x[t], out[t]
-        for o in range(indptr.shape[0] - 1):
+        for o in prange(indptr.shape[0] - 1):
             p, hi = np.int64(indptr[o]), np.int64(indptr[o + 1])
             s0, s1 = splat16(np.float32(0.0)), splat16(np.float32(0.0))
             while p + 32 <= hi:
@@ -83,8 +84,7 @@ def spmv(indptr, indices, values, bias, x, out):  # pragma: no cover - compiled
             yt[o] = s
 
 
-@njit(**_OPTS)
-def lookup(ptr, positions, values, bias, x, out):  # pragma: no cover - compiled
+def _lookup(ptr, positions, values, bias, x, out):  # pragma: no cover - compiled
     """``out[t] = W @ x[t] + b`` for each token, ``W`` in ``lookup.py``'s layout: for each group of
     16 output rows (a vector of sums) and block of 32 inputs (two vectors, looked up in registers by
     ``lookup32``), that block's steps, each a 16-lane vector of weights and their inputs' positions in
@@ -92,14 +92,14 @@ def lookup(ptr, positions, values, bias, x, out):  # pragma: no cover - compiled
     n_in, n_out = x.shape[1], out.shape[1]
     n_blocks = (n_in + 31) // 32
     n_groups = ptr.shape[0] // (n_blocks + 1)
-    tail, spill = np.zeros(32, dtype=np.float32), np.empty(16, dtype=np.float32)
+    tail = np.zeros(32, dtype=np.float32)
     last = n_in - (n_blocks - 1) * 32
-    zero = splat16(np.float32(0.0))
     for t in range(x.shape[0]):
         xt, yt = x[t], out[t]
         for i in range(last):  # the last block, padded with zeros to 32 inputs
             tail[i] = xt[(n_blocks - 1) * 32 + i]
-        for g in range(n_groups):
+        for g in prange(n_groups):
+            zero = splat16(np.float32(0.0))
             a0, a1, a2, a3 = zero, zero, zero, zero
             at = g * (n_blocks + 1)
             for block in range(n_blocks):
@@ -127,6 +127,7 @@ def lookup(ptr, positions, values, bias, x, out):  # pragma: no cover - compiled
             if o + 16 <= n_out:
                 store16(yt, o, add16(sums, load16(bias, o)))
             else:  # the last group's rows past the layer's are not written
+                spill = np.empty(16, dtype=np.float32)
                 store16(spill, 0, add16(sums, load16(bias, o)))
                 for i in range(n_out - o):
                     yt[o + i] = spill[i]
@@ -290,6 +291,8 @@ def _parallel(fn: Callable) -> Callable:
     return njit(parallel=True, **_OPTS)(copy)
 
 
+spmv, spmv_parallel = njit(**_OPTS)(_spmv), _parallel(_spmv)
+lookup, lookup_parallel = njit(**_OPTS)(_lookup), _parallel(_lookup)
 rows, rows_parallel = njit(**_OPTS)(_rows), _parallel(_rows)
 rows_tokens, rows_tokens_parallel = njit(**_OPTS)(_rows_tokens), _parallel(_rows_tokens)
 tiles, tiles_parallel = njit(**_OPTS)(_tiles), _parallel(_tiles)
