@@ -21,6 +21,7 @@ the packed CSR when the kernel is bound and held beside it in memory (the saved 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import NamedTuple
 
 import numpy as np
@@ -53,10 +54,9 @@ class Layout(NamedTuple):
 
 @functools.cache
 def supported() -> bool:
-    """Whether ``lookup`` compiles here: numba targets this machine's CPU, and it has AVX-512."""
-    from .kernels import NUMBA
-
-    if not NUMBA:
+    """Whether ``lookup`` compiles here: numba is installed and targets this machine's CPU, which has
+    AVX-512 (``kernels.runs_here`` also asks whether the numba kernels are on)."""
+    if importlib.util.find_spec("numba") is None:
         return False
     import llvmlite.binding as llvm
     import numba
