@@ -247,10 +247,13 @@ def freeze(
     cold = model_bytes(tree) > cache.last_level_bytes()
     packer = _Packer(tree, kernels.available_kernels(backend), cold)
     report: list[LayerReport] = []
-    for i, (name, mask) in enumerate(masks.items()):
-        if on_layer is not None:
-            on_layer(name, i, len(masks))
-        report.append(packer.pack(name, mask))
+    try:
+        for i, (name, mask) in enumerate(masks.items()):
+            if on_layer is not None:
+                on_layer(name, i, len(masks))
+            report.append(packer.pack(name, mask))
+    finally:
+        cache.release()
     if not kernels.NUMBA and backend == "auto":
         report_missing_numba()
     return FrozenModel(tree.eval(), report, time.perf_counter() - t0, cold)

@@ -1,8 +1,9 @@
 """Sparse-times-dense kernels for a frozen linear layer: ``y[T, out] = x[T, in] @ W.T`` with ``W`` in CSR.
 
 ``bind(name, packed, bias)`` gives the kernel as a function of a 2-D, contiguous float32 ``x``
-returning ``[T, out]``, its arrays looked up once (a one-token call costs microseconds, so the
-lookups would show). ``KERNELS[name](packed, x, bias)`` binds and calls at once. Which kernel is
+returning ``[T, out]`` (contiguous, as the layer returns it), its arrays looked up once (a one-token
+call costs microseconds, so the lookups would show). ``KERNELS[name](packed, x, bias)`` binds and
+calls at once. Which kernel is
 fastest depends on the tokens ``T`` (``choose.py`` measures):
 
 * ``spmv`` (numba): few tokens, a gather dot product per output row and token.
@@ -180,8 +181,9 @@ def _bind_torch(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     csr = p.csr()
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        y = torch.sparse.mm(csr, x.T).T
-        return y if bias is None else y + bias
+        y = torch.sparse.mm(csr, x.T).T  # [T, out], laid out [out, T]: written token-major below, in
+        out = torch.empty(y.shape)  # the kernel, so that choose times the copy the layer would make
+        return out.copy_(y) if bias is None else torch.add(y, bias, out=out)
 
     return run
 
