@@ -522,6 +522,9 @@ def test_a_sparse_kernel_is_chosen_only_where_it_beats_dense_in_both_sets_of_rou
     one = sets({"tiles": 0.5, "torch": 0.9, "dense": 1.0}, {"tiles": 0.97, "torch": 0.99, "dense": 1.0})
     monkeypatch.setattr(choose_module, "_medians", one)  # its mean beats dense by 26%, one set by 3%
     assert choose_module.fastest(run) == "dense"
+    near = sets({"tiles": 0.93, "torch": 0.99, "dense": 1.0}, {"tiles": 0.93, "torch": 0.99, "dense": 1.0})
+    monkeypatch.setattr(choose_module, "_medians", near)  # 7% faster twice: within a shared machine's noise
+    assert choose_module.fastest(run) == "dense"
 
 
 def _traced(log: list[str]) -> dict[str, Callable[[], None]]:
