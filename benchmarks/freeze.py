@@ -179,11 +179,18 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+def _vectors() -> str:
+    """What the kernels had to work with: ``lookup`` needs AVX-512 (without it one token runs ``spmv``)."""
+    from sparsefx.frozen.kernels import runs_here
+
+    return "AVX-512" if runs_here("lookup") else "no AVX-512: one token on spmv"
+
+
 def markdown(out: dict[str, Any]) -> str:
     """The README's tables: per layer (shape and sparsity by tokens) and the whole model."""
     env = out["environment"]
     lines = [
-        f"Measured with `{COMMAND}` on {_cpu()} ({env['cpus']} cores), torch {env['torch']}, one thread "
+        f"Measured with `{COMMAND}` on {_cpu()} ({env['cpus']} cores, {_vectors()}), torch {env['torch']}, one thread "
         "unless a row says two. Each cell is the median of the per-round ratios, dense eager time over "
         "frozen time.",
         "",
