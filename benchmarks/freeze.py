@@ -190,9 +190,9 @@ def markdown(out: dict[str, Any]) -> str:
     """The README's tables: per layer (shape and sparsity by tokens) and the whole model."""
     env = out["environment"]
     lines = [
-        f"Measured with `{COMMAND}` on {_cpu()} ({env['cpus']} cores, {_vectors()}), torch {env['torch']}, one thread "
-        "unless a row says two. Each cell is the median of the per-round ratios, dense eager time over "
-        "frozen time.",
+        f"Measured with `{COMMAND}` on {_cpu()} ({env['cpus']} cores, {_vectors()}), torch {env['torch']}, "
+        "one thread unless a row says two. Each cell is the median of the per-round ratios, dense eager "
+        "time over frozen time.",
         "",
         "| layer (in x out) | sparsity | " + " | ".join(f"{t} tokens" for t in TOKENS) + " |",
         "|---|---|" + "---|" * len(TOKENS),
