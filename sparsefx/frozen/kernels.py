@@ -3,8 +3,7 @@
 ``bind(name, packed, bias)`` gives the kernel as a function of a 2-D, contiguous float32 ``x``
 returning ``[T, out]`` (contiguous, as the layer returns it), its arrays looked up once (a one-token
 call costs microseconds, so the lookups would show). ``KERNELS[name](packed, x, bias)`` binds and
-calls at once. Which kernel is
-fastest depends on the tokens ``T`` (``choose.py`` measures):
+calls at once. Which kernel is fastest depends on the tokens ``T`` (``choose.py`` measures):
 
 * ``spmv`` (numba): few tokens, a gather dot product per output row and token.
 * ``lookup`` (numba, AVX-512): few tokens, the weight in blocks whose inputs are looked up in
@@ -212,7 +211,8 @@ def bind(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> Kernel
 def bind_one(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> Kernel:
     """Kernel ``name`` for a call of one token, ``x[..., in]`` of any leading shape to ``y[..., out]``
     (a decoding step). A one-token call is tens of microseconds, so its few tensor reshapes cost
-    several percent: dense takes ``x`` as it comes, ``spmv`` reshapes numpy views, not tensors."""
+    several percent: dense takes ``x`` as it comes, ``spmv`` and ``lookup`` reshape numpy views, not
+    tensors."""
     if name == "dense":
         weight = p.dense()
         return lambda x: F.linear(x, weight, bias)
