@@ -30,7 +30,8 @@ def sparse_kernels(monkeypatch) -> tuple[str, ...]:
     tested here, not the choice)."""
     import importlib
 
-    choice = ("spmv", "torch", "rows", "rows", "rows") if NUMBA else ("torch",) * len(BUCKETS)
+    one = "lookup" if runs_here("lookup") else "spmv"  # a decoding step on lookup where it runs
+    choice = (one, "spmv", "torch", "rows", "tiles") if NUMBA else ("torch",) * len(BUCKETS)
     monkeypatch.setattr(importlib.import_module("sparsefx.frozen.freeze"), "choose", lambda *a, **k: choice)
     return choice
 
