@@ -114,7 +114,7 @@ def _bind_spmv(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
     return run
 
 
-def _layout(p: PackedWeight, bias: torch.Tensor | None) -> tuple[np.ndarray, ...]:
+def _lookup_arrays(p: PackedWeight, bias: torch.Tensor | None) -> tuple[np.ndarray, ...]:
     """``p`` in ``lookup.py``'s layout (made once) and ``bias`` as it reads it."""
     from . import lookup
 
@@ -124,7 +124,7 @@ def _layout(p: PackedWeight, bias: torch.Tensor | None) -> tuple[np.ndarray, ...
 
 
 def _bind_lookup(p: PackedWeight, bias: torch.Tensor | None) -> Kernel:
-    arrays, out_features = _layout(p, bias), p.out_features
+    arrays, out_features = _lookup_arrays(p, bias), p.out_features
 
     def kernel(x: torch.Tensor) -> torch.Tensor:
         out = torch.empty((x.shape[0], out_features))
@@ -217,7 +217,7 @@ def bind_one(name: str, p: PackedWeight, bias: torch.Tensor | None = None) -> Ke
         weight = p.dense()
         return lambda x: F.linear(x, weight, bias)
     if name in ("spmv", "lookup"):
-        arrays = (*_arrays(p), _bias(bias)) if name == "spmv" else _layout(p, bias)
+        arrays = (*_arrays(p), _bias(bias)) if name == "spmv" else _lookup_arrays(p, bias)
         n_in, n_out, serial = p.in_features, p.out_features, _numba(name)
 
         def run(x: torch.Tensor) -> torch.Tensor:  # one token's output: too small for huge pages

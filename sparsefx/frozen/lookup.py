@@ -47,10 +47,6 @@ class Layout(NamedTuple):
     positions: np.ndarray  # uint8, [steps * 16]
     values: np.ndarray  # float32, [steps * 16]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self)
-
 
 @functools.cache
 def supported() -> bool:
